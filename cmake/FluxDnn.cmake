@@ -1,0 +1,62 @@
+# Helpers shared by the core and the shims.
+
+if(CMAKE_SYSTEM_NAME STREQUAL "Linux" OR WIN32)
+  set(FLUX_DNN_DEFAULT_ONEDNN ON)
+else()
+  set(FLUX_DNN_DEFAULT_ONEDNN OFF)
+endif()
+
+find_package(Python 3.10 REQUIRED COMPONENTS Interpreter)
+
+# flux_dnn_warnings(<target>): the warning set every target is built with.
+function(flux_dnn_warnings target)
+  if(MSVC)
+    target_compile_options(${target} PRIVATE /W4 $<$<BOOL:${FLUX_DNN_WERROR}>:/WX>)
+  else()
+    target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-missing-field-initializers
+                                              $<$<BOOL:${FLUX_DNN_WERROR}>:-Werror>)
+  endif()
+endfunction()
+
+# flux_dnn_wheel_file(<out-var> <distribution> <path-suffix>)
+# Finds a file installed by a Python distribution (a vendor wheel such as
+# onednn-devel-cpu-gomp or nvidia-cudnn-cu13) in the Python that runs this build, which in
+# an isolated pip build is the build environment. Sets <out-var> to the absolute path of the
+# first file whose path ends with <path-suffix>, or to <out-var>-NOTFOUND.
+function(flux_dnn_wheel_file out dist suffix)
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c "
+import importlib.metadata as m, sys
+try:
+    files = m.distribution(sys.argv[1]).files or []
+except m.PackageNotFoundError:
+    files = []
+hits = [f for f in files if str(f).replace('\\\\', '/').endswith(sys.argv[2])]
+print(hits[0].locate().resolve() if hits else '', end='')
+" "${dist}" "${suffix}"
+    OUTPUT_VARIABLE found
+    RESULT_VARIABLE rc)
+  if(rc EQUAL 0 AND found)
+    file(TO_CMAKE_PATH "${found}" found)
+    set(${out} "${found}" PARENT_SCOPE)
+  else()
+    set(${out} "${out}-NOTFOUND" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# flux_dnn_add_shim(<name> SOURCES <files...>)
+# A shim: a plain C-ABI shared library libflux_dnn_<name> exporting only fdnn_get_api,
+# installed into FLUX_DNN_SHIM_DESTINATION. Link its vendor library yourself.
+function(flux_dnn_add_shim name)
+  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  set(target flux_dnn_${name})
+  add_library(${target} SHARED ${ARG_SOURCES})
+  target_link_libraries(${target} PRIVATE flux_dnn_shim_common)
+  flux_dnn_warnings(${target})
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    # Nothing but fdnn_get_api leaves the library, and unresolved symbols fail the link.
+    target_link_options(${target} PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)
+  endif()
+  install(TARGETS ${target} LIBRARY DESTINATION ${FLUX_DNN_SHIM_DESTINATION}
+                            RUNTIME DESTINATION ${FLUX_DNN_SHIM_DESTINATION})
+endfunction()
