@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""Which oneDNN-shim layout policy is fastest, layer by layer (an exploration aid, not a test).
+
+Times flux_dnn.conv2d forward with algorithm=0 (caller's layouts), 1 (caller's activations,
+oneDNN-preferred weights) and 2 (oneDNN-preferred layouts with reorders), the heuristic's
+choice, and torch.nn.functional.conv2d, interleaved in one process, and prints the kernel
+each policy gets. A policy that lands on oneDNN's reference kernel ("ref:any") is not timed
+(it is 100x slower). Uses flux_dnn internals (_conv._memo, _core.run_conv) to read the
+algorithm name; adjust if those change.
+
+    OMP_NUM_THREADS=1 python benchmarks/policies.py --batch 1,16 --layouts nchw,nhwc
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flux_dnn  # noqa: E402
+from bench_cpu import LAYERS, interleaved, machine_text, out_size  # noqa: E402
+from flux_dnn import _conv, _core  # noqa: E402
+
+
+def algo_name(x, w, L, algorithm):
+    flux_dnn.conv2d(x, w, None, L.stride, L.pad, 1, L.groups, algorithm=algorithm)
+    key = next(k for k in reversed(list(_conv._memo)) if k[3] == tuple(x.shape) and k[4] == tuple(w.shape)
+               and k[12] == tuple(x.stride()) and k[22] == algorithm)
+    prep = _conv._memo[key]
+    y = torch.empty(prep.out_shape, dtype=x.dtype)
+    if prep.channels_last:
+        y = y.contiguous(memory_format=torch.channels_last)
+    r = _core.run_conv(prep.shim, prep.spec, x, w, y, None, None, None)
+    return r.algo_id, r.algo_name, r.workspace_size
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", default="1,16")
+    ap.add_argument("--layouts", default="nchw,nhwc")
+    ap.add_argument("--layers", default="")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--budget", type=float, default=1.5)
+    ap.add_argument("--algos", default="0,1,2", help="flux algorithm ids to time (the shim may know more)")
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    print(f"# {machine_text()}")
+    print(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
+    print("| N | layout | layer | torch ms | heuristic (id) ms | " +
+          " | ".join(f"alg {a} ms" for a in args.algos.split(",")) + " | best/torch | kernels |")
+    print("|---:|---|---|---:|---:|" + "---:|" * len(args.algos.split(",")) + "---:|---|")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n in [int(b) for b in args.batch.split(",")]:
+            for layout in args.layouts.split(","):
+                for L in LAYERS:
+                    if args.layers and not any(f in L.name for f in args.layers.split(",")):
+                        continue
+                    x = torch.randn(n, L.C, L.H, L.H, generator=gen).to(dtype)
+                    w = (torch.randn(L.K, L.C // L.groups, L.R, L.R, generator=gen) * 0.1).to(dtype)
+                    if layout == "nhwc":
+                        x = x.contiguous(memory_format=torch.channels_last)
+                        w = w.contiguous(memory_format=torch.channels_last)
+                    fns = {"torch": lambda x=x, w=w, L=L: F.conv2d(x, w, None, L.stride, L.pad, 1, L.groups)}
+                    hid, _, _ = algo_name(x, w, L, "heuristic")
+                    fns["heuristic"] = lambda x=x, w=w, L=L: flux_dnn.conv2d(x, w, None, L.stride, L.pad, 1, L.groups)
+                    kernels = []
+                    for a in [int(a) for a in args.algos.split(",")]:
+                        try:
+                            # Probe on one image first: a reference kernel at N=16 takes minutes.
+                            _, name, ws = algo_name(x[:1], w, L, a)
+                            if not name.startswith("ref") and n > 1:
+                                _, name, ws = algo_name(x, w, L, a)
+                        except Exception as e:  # noqa: BLE001
+                            kernels.append(f"{a}: {type(e).__name__}")
+                            continue
+                        kernels.append(f"{a}: {name.split(' (')[0]} ws {ws / 2**20:.1f}M")
+                        if name.startswith("ref"):
+                            continue
+                        fns[f"alg {a}"] = (lambda x=x, w=w, L=L, a=a:
+                                           flux_dnn.conv2d(x, w, None, L.stride, L.pad, 1, L.groups, algorithm=a))
+                    t = interleaved(fns, args.budget, 7, 300)
+                    best = min(v for k, v in t.items() if k.startswith("alg"))
+                    cells = " | ".join(f"{t[f'alg {a}']:.3f}" if f"alg {a}" in t else "ref"
+                                       for a in args.algos.split(","))
+                    print(f"| {n} | {layout} | {L.name} | {t['torch']:.3f} | {t['heuristic']:.3f} ({hid}) | {cells} | "
+                          f"{t['torch'] / best:.2f} | {'; '.join(kernels)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
