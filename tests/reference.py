@@ -75,11 +75,12 @@ def conv_backward_weight(x, dy, weight_shape, stride=None, lo=None, hi=None, dil
     out_sp = dy.shape[2:]
     dw = np.zeros(weight_shape)
     cg, kg = C // groups, K // groups
+    sp = "uvw"[:nd]
     for g in range(groups):
         xg, dyg = xp[:, g * cg:(g + 1) * cg], dy[:, g * kg:(g + 1) * kg]
         for kidx in itertools.product(*map(range, ks)):
             patch = xg[(slice(None), slice(None)) + _windows(nd, kidx, out_sp, stride, dilation)]
-            dw[(slice(g * kg, (g + 1) * kg), slice(None)) + kidx] = np.einsum("nc...,nk...->kc", patch, dyg)
+            dw[(slice(g * kg, (g + 1) * kg), slice(None)) + kidx] = np.einsum(f"nc{sp},nk{sp}->kc", patch, dyg)
     return dw
 
 
