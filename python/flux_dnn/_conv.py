@@ -413,9 +413,11 @@ def backward_weight(nd, x, dy, weight_shape, stride=1, padding=0, dilation=1, gr
         spec = _backward_spec(BACKWARD_WEIGHT, nd, geometry, alpha, beta, deterministic, allow_reduced_precision,
                               algorithm, workspace_limit, xo.device[0])
         prepared = _remember(key, _Prepared(entry.shim, spec, w_shape, False, (w_shape[0],) if bias_grad else None))
-    dw_out, db_out = (out if bias_grad and out is not None else (out, None))
-    if bias_grad and out is not None and db_out is None:
-        raise ValueError("out: with bias_grad=True, out must be a (dw, db) pair")
+    dw_out, db_out = out, None
+    if bias_grad and out is not None:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise ValueError("out: with bias_grad=True, out must be a (dw, db) pair")
+        dw_out, db_out = out
     dw = _empty(xo, prepared.out_shape, False) if dw_out is None else dw_out
     if dw_out is not None:
         _check_out(dw, "out", prepared.out_shape, xo)
