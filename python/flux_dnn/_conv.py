@@ -464,25 +464,39 @@ def transpose(nd, x, w, bias=None, stride=1, padding=0, output_padding=0, groups
                    + output_padding[i] + 1 for i in range(nd))
     if any(s < 1 for s in out_sp):
         raise ValueError(f"padding: {padding!r} leaves an output of size {out_sp} for x {xo.shape} and w {wo.shape}")
-    # The equivalent convolution maps out_sp back to x's size; whole strides that
-    # output_padding adds beyond the last window are not read by it, so its high padding
-    # shrinks by them (only possible when output_padding >= stride, i.e. < dilation).
-    hi_conv = list(hi)
+    # The equivalent convolution maps out_sp back to x's size. Whole strides that
+    # output_padding adds beyond the last window (output_padding >= stride, allowed when it is
+    # < dilation) are read by no window: its high padding shrinks by them, and where that
+    # would go below zero those trailing output rows are cut off the vendor call instead and
+    # receive no contribution.
+    hi_conv, trim = list(hi), [0] * nd
     for i in range(nd):
         while conv_output_size(out_sp[i], kernel[i], stride_t[i], dilation_t[i], lo[i], hi_conv[i]) > xo.shape[2 + i]:
             hi_conv[i] -= stride_t[i]
-    if any(h < 0 for h in hi_conv):
-        raise ValueError(f"output_padding: {output_padding} with padding {padding!r} is not supported here "
-                         "(the equivalent convolution would need negative padding)")
-    input_shape = (xo.shape[0], wo.shape[1] * g, *out_sp)
-    y = backward_data(nd, x, w, input_shape, stride_t, tuple(zip(lo, hi_conv)), dilation_t, g, out=out,
-                      alpha=alpha, beta=beta, deterministic=deterministic,
-                      allow_reduced_precision=allow_reduced_precision, algorithm=algorithm,
-                      workspace_limit=workspace_limit)
+        if hi_conv[i] < 0:
+            trim[i], hi_conv[i] = -hi_conv[i], 0
+    full_shape = (xo.shape[0], wo.shape[1] * g, *out_sp)
     if bias is not None:
         bo = _operand(bias, "bias")
-        if bo.shape != (input_shape[1],):
-            raise ValueError(f"bias: expected shape ({input_shape[1]},) (one value per output channel), got {bo.shape}")
+        if bo.shape != (full_shape[1],):
+            raise ValueError(f"bias: expected shape ({full_shape[1]},) (one value per output channel), got {bo.shape}")
         _check_same([xo, bo])
-        y += bias.reshape((1, -1) + (1,) * nd) * alpha  # the ABI's backward-data has no bias epilogue
+    kwargs = dict(alpha=alpha, beta=beta, deterministic=deterministic, allow_reduced_precision=allow_reduced_precision,
+                  algorithm=algorithm, workspace_limit=workspace_limit)
+    geometry = (stride_t, tuple(zip(lo, hi_conv)), dilation_t, g)
+    if not any(trim):
+        y = backward_data(nd, x, w, full_shape, *geometry, out=out, **kwargs)
+    else:
+        y = _empty(xo, full_shape, is_channels_last(xo.shape, xo.adapter.strides(x))) if out is None else out
+        if out is not None:
+            _check_out(out, "out", full_shape, xo)
+        kept = tuple(slice(0, n - t) for n, t in zip(out_sp, trim))
+        view = y[(slice(None), slice(None)) + kept]
+        backward_data(nd, x, w, (*full_shape[:2], *(n - t for n, t in zip(out_sp, trim))), *geometry, out=view, **kwargs)
+        for i in range(nd):  # the cut-off rows, as disjoint blocks
+            if trim[i]:
+                block = y[(slice(None), slice(None)) + kept[:i] + (slice(out_sp[i] - trim[i], None),)]
+                block[...] = 0 if beta == 0.0 else block * beta
+    if bias is not None:  # the ABI's backward-data has no bias epilogue: the library adds it
+        y += bias.reshape((1, -1) + (1,) * nd) * alpha
     return y
