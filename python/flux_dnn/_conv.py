@@ -500,3 +500,59 @@ def transpose(nd, x, w, bias=None, stride=1, padding=0, output_padding=0, groups
     if bias is not None:  # the ABI's backward-data has no bias epilogue: the library adds it
         y += bias.reshape((1, -1) + (1,) * nd) * alpha
     return y
+
+
+# ------------------------------------------------------------------------------------------
+# Reusable plans with packed weights
+
+
+class ConvPlan:
+    """A forward convolution fixed for one input shape, dtype, layout and device, with its
+    weights packed once into the layout the vendor computes in (when the shim can pack, which
+    the oneDNN shim does). Calling it skips argument checking, the plan cache and the weight
+    reorder; an input of another shape, dtype, layout or device raises ValueError or TypeError.
+    Later changes to the weights are not seen: make a new plan. Made by ``flux_dnn.conv_plan``."""
+
+    def __init__(self, nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None,
+                 alpha=1.0, deterministic=False, allow_reduced_precision=None, algorithm="heuristic",
+                 workspace_limit=None):
+        xo, wo = _operand(x, "x"), _operand(w, "w")
+        bo = None if bias is None else _operand(bias, "bias")
+        prepared = _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, activation, alpha, 0.0,
+                                    deterministic, allow_reduced_precision, algorithm, workspace_limit)
+        if prepared.out_shape[0] == 0:
+            raise ValueError(f"x: a convolution plan needs a batch of at least 1, got shape {xo.shape}")
+        self._type, self._adapter, self._like = type(x), xo.adapter, xo
+        self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
+        self._bias = None if bias is None else bo.adapter.export(bias)
+        sample = _empty(xo, prepared.out_shape, prepared.channels_last)
+        stream = xo.adapter.stream(x)
+        self._packed = _core.PackedConv(prepared.shim, prepared.spec, xo.adapter.export(x), wo.adapter.export(w),
+                                        sample, self._bias, stream)
+        self._gpu = xo.device[0] != 1
+        self.input_shape, self.output_shape, self.dtype = xo.shape, prepared.out_shape, xo.dtype
+
+    @property
+    def algorithm(self) -> str:
+        """The vendor implementation this plan runs."""
+        return self._packed.algo_name
+
+    @property
+    def weights_packed(self) -> bool:
+        return self._packed.packed
+
+    def __call__(self, x, *, out=None):
+        if type(x) is not self._type:
+            raise TypeError(f"x: this plan was made for {self._type.__module__}.{self._type.__qualname__} arrays, "
+                            f"got {type(x).__module__}.{type(x).__qualname__}")
+        ad = self._adapter
+        if out is None:
+            out = ad.empty(x, self._out_shape, self._channels_last)
+        stream = ad.stream(x) if self._gpu else None
+        workspace = (lambda n: ad.workspace(x, n)) if self._gpu else None
+        self._packed.run(ad.export(x), out, self._bias, stream, workspace)
+        return out
+
+    def __repr__(self):
+        return (f"ConvPlan(input {self.input_shape} {self.dtype} -> output {self.output_shape}, "
+                f"{self.algorithm})")

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
+#include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -207,6 +209,8 @@ struct Operand {
   size_t offset = 0;         // of the staging buffer in the workspace
   dnnl::primitive reorder;   // input: user -> staging; output: staging -> user
   bool reorder_scaled = false;  // the reorder applies alpha through a source scale
+  // Weights packed into the plan (Conv_Plan_Pack_Weights): used instead of the caller's.
+  std::shared_ptr<void> packed;
 };
 
 struct Plan {
@@ -442,6 +446,10 @@ void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
                             memory::format_tag::a),
                cpu_engine(), workspace);
   for (const Operand& o : plan.operands) {
+    if (o.packed) {
+      args[o.arg] = memory(o.prim_md, cpu_engine(), o.packed.get());
+      continue;
+    }
     if (pointers[o.slot] == nullptr)
       fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs is NULL");
     if (!o.staged) {
@@ -588,6 +596,38 @@ FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
   });
 }
 
+// A copy of the plan whose weights operand reads a plan-owned buffer, filled once in the
+// primitive's layout (through the plan's own reorder when the layouts differ).
+FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE,
+                                 "Conv_Plan_Pack_Weights");
+    const Plan& source = *reinterpret_cast<const Plan*>(args->plan);
+    if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "w is NULL");
+    auto packed = std::make_unique<Plan>(source);
+    for (Operand& o : packed->operands) {
+      if (o.arg != DNNL_ARG_WEIGHTS) continue;
+      const size_t bytes = align64(o.prim_md.get_size());
+      void* buffer = std::aligned_alloc(64, bytes);
+      if (buffer == nullptr) throw std::bad_alloc();
+      o.packed = std::shared_ptr<void>(buffer, std::free);
+      memory user(o.user_md, cpu_engine(), const_cast<void*>(args->w));
+      memory mine(o.prim_md, cpu_engine(), buffer);
+      try {
+        dnnl::reorder(user, mine).execute(cpu_stream(), user, mine);
+        cpu_stream().wait();
+      } catch (const dnnl::error& e) {
+        fail(FDNN_ERROR_VENDOR, "oneDNN weight packing for %s failed: %s (%s)", source.name.c_str(),
+             status_text(e.status), e.what());
+      }
+      o.staged = false;
+    }
+    packed->name += " [packed weights]";
+    args->workspace_size = packed->workspace_size;
+    args->packed_plan = reinterpret_cast<FDNN_Plan*>(packed.release());
+  });
+}
+
 void plan_destroy(FDNN_Plan_Destroy_Args* args) {
   if (args != nullptr) delete reinterpret_cast<Plan*>(args->plan);
 }
@@ -603,6 +643,7 @@ const FDNN_Api kApi = {
     plan_create,
     plan_execute,
     plan_destroy,
+    plan_pack_weights,
 };
 
 }  // namespace
