@@ -84,10 +84,13 @@ const std::string& device_name() {
   std::string hint;
   if (e.status == dnnl_unimplemented) {
     code = FDNN_ERROR_UNSUPPORTED;
+    const memory::data_type dt = to_dnnl(a.x->dtype);
+    const char* needs = dt == memory::data_type::bf16   ? "; bfloat16 needs avx512_core or newer"
+                        : dt == memory::data_type::f16 ? "; float16 needs avx512_core_fp16"
+                                                       : "";
     hint = std::string(" (oneDNN has no implementation of this convolution for ") +
-           fdnn_shim::dtype_name(a.x->dtype) + " on this CPU, whose ISA is " +
-           isa_name(dnnl::get_effective_cpu_isa()) +
-           "; bfloat16 needs avx512_core or newer, float16 needs avx512_core_fp16)";
+           fdnn_shim::dtype_name(a.x->dtype) + " on this CPU, whose instruction set is " +
+           isa_name(dnnl::get_effective_cpu_isa()) + needs + ")";
   } else if (e.status == dnnl_out_of_memory) {
     code = FDNN_ERROR_OUT_OF_MEMORY;
   }
