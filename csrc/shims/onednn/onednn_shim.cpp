@@ -77,6 +77,13 @@ const std::string& device_name() {
   return text;
 }
 
+memory::data_type to_dnnl(FDNN_DLDataType t) {
+  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 32) return memory::data_type::f32;
+  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 16) return memory::data_type::f16;
+  if (t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16) return memory::data_type::bf16;
+  return memory::data_type::undef;
+}
+
 // Turns a dnnl::error into an FDNN failure with oneDNN's status and the conv parameters.
 [[noreturn]] void fail_vendor(const dnnl::error& e, const FDNN_Conv_Plan_Create_Args& a,
                               const char* during) {
@@ -100,13 +107,6 @@ const std::string& device_name() {
 
 // ------------------------------------------------------------------------------------------
 // Problem checks (what the ABI promises callers we verify; a bad problem never reaches oneDNN)
-
-memory::data_type to_dnnl(FDNN_DLDataType t) {
-  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 32) return memory::data_type::f32;
-  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 16) return memory::data_type::f16;
-  if (t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16) return memory::data_type::bf16;
-  return memory::data_type::undef;
-}
 
 void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim) {
   if (!fdnn_shim::has_tensor(t) || t->ndim != ndim)
