@@ -51,6 +51,8 @@ std::string device_text(const FDNN_DLDevice& d) {
   return "device type " + std::to_string(d.device_type) + " id " + std::to_string(d.device_id);
 }
 
+void check_memory(const BorrowedTensor* all[4], const char* const names[4], const bool written[4]);
+
 // Checks what the ABI promises the shim: same device and dtype everywhere, the shim's
 // device type, ranks, and writable outputs. The Python layer has said all this with better
 // words already; this is the last line, so that no caller of the core can break a shim.
@@ -79,6 +81,44 @@ void check_operands(const ShimLibrary& shim, const ConvSpec& spec, const Roles& 
       throw py::type_error(std::string(names[i]) + " and " + r.x + " have different dtypes");
     if (written[i] && all[i]->read_only())
       throw py::value_error(std::string(names[i]) + ": the array is read-only");
+  }
+  check_memory(all, names, written);
+}
+
+// [first byte, one past the last byte] an array touches.
+std::pair<uintptr_t, uintptr_t> byte_extent(const BorrowedTensor& t) {
+  const FDNN_DLTensor& d = t.desc();
+  uintptr_t first = reinterpret_cast<uintptr_t>(t.first_element());
+  uint64_t span = 1;
+  for (int i = 0; i < d.ndim; ++i) span += static_cast<uint64_t>(d.shape[i] - 1) * d.strides[i];
+  return {first, first + span * ((d.dtype.bits + 7) / 8)};
+}
+
+// Layout rules no vendor can serve: negative strides anywhere; a written array whose
+// elements overlap (a zero stride); a written array that shares memory with an operand.
+void check_memory(const BorrowedTensor* all[4], const char* const names[4], const bool written[4]) {
+  for (int i = 0; i < 4; ++i) {
+    if (!all[i]->present()) continue;
+    const FDNN_DLTensor& d = all[i]->desc();
+    for (int k = 0; k < d.ndim; ++k) {
+      if (d.strides[k] < 0)
+        throw py::value_error(std::string(names[i]) + ": negative strides are not supported "
+                              "(pass a copy, e.g. numpy.ascontiguousarray)");
+      if (written[i] && d.strides[k] == 0 && d.shape[k] > 1)
+        throw py::value_error(std::string(names[i]) + ": the output has overlapping elements "
+                              "(a zero stride, as from broadcasting)");
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (!written[i] || !all[i]->present()) continue;
+    auto [lo, hi] = byte_extent(*all[i]);
+    for (int j = 0; j < 4; ++j) {
+      if (j == i || !all[j]->present()) continue;
+      auto [other_lo, other_hi] = byte_extent(*all[j]);
+      if (lo < other_hi && other_lo < hi)
+        throw py::value_error(std::string(names[i]) + " shares memory with " + names[j] +
+                              "; the result must go to memory no operand uses");
+    }
   }
 }
 
@@ -342,6 +382,11 @@ ConvResult PackedConv::run(py::handle x_array, py::handle y_array, py::handle bi
   if (signature(y) != y_signature_) mismatch("out", y, y_signature_);
   if (signature(bias) != bias_signature_) mismatch("bias", bias, bias_signature_);
   if (y.read_only()) throw py::value_error("out: the array is read-only");
+  BorrowedTensor no_w(py::none(), "w", stream);
+  const BorrowedTensor* all[4] = {&x, &no_w, &y, &bias};
+  const char* const names[4] = {"x", "w", "out", "bias"};
+  const bool written[4] = {false, false, true, false};
+  check_memory(all, names, written);
   std::optional<BorrowedTensor> w;
   if (!keep_w_.is_none()) w.emplace(keep_w_, "w", stream);
   execute(*plan_, x.first_element(), w ? w->first_element() : nullptr, y.first_element(),
