@@ -9,6 +9,7 @@ above 1.0 means flux_dnn is faster.
 
 The peers:
   forward          torch.nn.functional.conv2d
+  forward_plan     the same, with flux_dnn.conv_plan (weights packed once, no per-call checks)
   backward_data    torch.ops.aten.convolution_backward, output_mask (True, False, False)
   backward_weight  torch.ops.aten.convolution_backward, output_mask (False, True, False)
                    (what autograd calls; torch.nn.grad.conv2d_* are thin wrappers over it)
@@ -64,7 +65,7 @@ LAYERS = [
     Layer("dw 3x3 256 @28 g256", 256, 28, 256, 3, 1, 1, 256),
 ]
 
-OPS = ("forward", "backward_data", "backward_weight", "transpose")
+OPS = ("forward", "forward_plan", "backward_data", "backward_weight", "transpose")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -131,6 +132,19 @@ def make_case(op: str, layer: Layer, n: int, dtype, layout: str, gen: torch.Gene
             flux_numpy=(lambda: flux_dnn.conv2d(xn, wn, None, s, p, 1, g, **fkw)) if xn is not None else None,
         )
 
+    if op == "forward_plan":
+        if not hasattr(flux_dnn, "conv_plan"):
+            return "flux_dnn.conv_plan does not exist yet"
+        x = _layout(rnd(n, L.C, L.H, L.H), layout)
+        plan = flux_dnn.conv_plan(x, w, None, s, p, 1, g, **fkw)
+        xn, wn = _np_view(x), _np_view(w)
+        plan_np = flux_dnn.conv_plan(xn, wn, None, s, p, 1, g, **fkw) if xn is not None else None
+        return dict(
+            flux=lambda: plan(x),
+            torch=lambda: F.conv2d(x, w, None, s, p, 1, g),
+            flux_numpy=(lambda: plan_np(xn)) if plan_np is not None else None,
+        )
+
     if op in ("backward_data", "backward_weight"):
         fname = "conv_backward_data" if op == "backward_data" else "conv_backward_weight"
         if not hasattr(flux_dnn, fname):
@@ -193,6 +207,10 @@ def tiny(calls: int, blocks: int = 20) -> dict:
         "flux_torch": lambda: flux_dnn.conv2d(x, w, padding=1),
         "torch": lambda: F.conv2d(x, w, None, 1, 1),
     }
+    if hasattr(flux_dnn, "conv_plan"):
+        plan_np, plan_t = flux_dnn.conv_plan(xn, wn, padding=1), flux_dnn.conv_plan(x, w, padding=1)
+        fns["plan_numpy"] = lambda: plan_np(xn)
+        fns["plan_torch"] = lambda: plan_t(x)
     per_block = max(1, calls // blocks)
     for fn in fns.values():  # warm up: plans, memo, caches
         for _ in range(200):
@@ -282,10 +300,14 @@ def print_markdown(rows, tiny_result, with_numpy):
         print()
         print(f"Tiny conv (x 1x4x8x8, w 4x4x3x3, pad 1), median µs per call over {t['calls']} calls each:")
         print()
-        print("| flux_dnn on NumPy | flux_dnn on torch | torch F.conv2d | torch / flux(numpy) | torch / flux(torch) |")
-        print("|---:|---:|---:|---:|---:|")
-        print(f"| {t['flux_numpy']:.2f} | {t['flux_torch']:.2f} | {t['torch']:.2f} | "
-              f"{t['torch'] / t['flux_numpy']:.2f} | {t['torch'] / t['flux_torch']:.2f} |")
+        cols = [c for c in ("flux_numpy", "flux_torch", "plan_numpy", "plan_torch") if c in t]
+        names = {"flux_numpy": "conv2d on NumPy", "flux_torch": "conv2d on torch",
+                 "plan_numpy": "conv_plan on NumPy", "plan_torch": "conv_plan on torch"}
+        print("| torch F.conv2d | " + " | ".join(f"flux {names[c]}" for c in cols) + " |")
+        print("|---:|" + "---:|" * len(cols))
+        print(f"| {t['torch']:.2f} | " + " | ".join(f"{t[c]:.2f} ({t['torch'] / t[c]:.2f}x)" for c in cols) + " |")
+        print()
+        print("(µs per call; in parentheses torch / flux)")
 
 
 def _groups(rows):
@@ -371,8 +393,8 @@ def main(argv=None) -> int:
     tiny_result = None
     if tiny_calls:
         tiny_result = tiny(tiny_calls)
-        print(f"tiny conv µs/call: flux(numpy) {tiny_result['flux_numpy']:.2f}  flux(torch) "
-              f"{tiny_result['flux_torch']:.2f}  torch {tiny_result['torch']:.2f}", flush=True)
+        print("tiny conv µs/call: " + "  ".join(f"{k} {v:.2f}" for k, v in tiny_result.items() if k != "calls"),
+              flush=True)
 
     print("\nplan cache:", flux_dnn.plan_cache_info())
     if args.markdown:
