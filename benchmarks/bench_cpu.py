@@ -96,7 +96,8 @@ def interleaved(fns: dict, budget_s: float, min_reps: int, max_reps: int, warmup
         order = names[i % len(names):] + names[:i % len(names)]
         for n in order:
             samples[n].append(_time_once(fns[n]))
-    return {n: statistics.median(v) for n, v in samples.items()} | {"_reps": reps}
+    return ({n: statistics.median(v) for n, v in samples.items()} | {f"_min {n}": min(v) for n, v in samples.items()}
+            | {"_reps": reps})
 
 
 # ------------------------------------------------------------------------------------------
@@ -265,8 +266,8 @@ def machine_text() -> str:
 
 
 def print_markdown(rows, tiny_result, with_numpy):
-    head = "| op | dtype | N | layout | layer | flux ms | torch ms | torch/flux |"
-    sep = "|---|---|---:|---|---|---:|---:|---:|"
+    head = "| op | dtype | N | layout | layer | flux ms | torch ms | torch/flux | of minima |"
+    sep = "|---|---|---:|---|---|---:|---:|---:|---:|"
     if with_numpy:
         head += " flux(numpy) ms |"
         sep += "---:|"
@@ -276,7 +277,8 @@ def print_markdown(rows, tiny_result, with_numpy):
         if "skip" in r:
             continue
         line = (f"| {r['op']} | {r['dtype']} | {r['N']} | {r['layout']} | {r['layer']} | "
-                f"{r['flux_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}{' **<0.9**' if r['ratio'] < 0.9 else ''} |")
+                f"{r['flux_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}{' **<0.9**' if r['ratio'] < 0.9 else ''} | "
+                + (f"{r['ratio_min']:.2f} |" if "ratio_min" in r else "- |"))
         if with_numpy:
             line += f" {r['flux_numpy_ms']:.3f} |" if r.get("flux_numpy_ms") else " - |"
         print(line)
@@ -380,12 +382,13 @@ def main(argv=None) -> int:
                                 continue
                             t = interleaved(fns, budget, min_reps, max_reps)
                             r = base | dict(flux_ms=t["flux"], torch_ms=t["torch"], ratio=t["torch"] / t["flux"],
+                                            ratio_min=t["_min torch"] / t["_min flux"],
                                             reps=t["_reps"], max_rel_diff=err)
                             if "flux_numpy" in t:
                                 r["flux_numpy_ms"] = t["flux_numpy"]
                             rows.append(r)
                             print(f"{op:16s} {dt:9s} N={n:<3d} {layout} {L.name:24s} flux {t['flux']:9.3f} ms  "
-                                  f"torch {t['torch']:9.3f} ms  torch/flux {r['ratio']:5.2f}  "
+                                  f"torch {t['torch']:9.3f} ms  torch/flux {r['ratio']:5.2f} (of minima {r['ratio_min']:5.2f})  "
                                   f"(reps {t['_reps']}, rel diff {err:.1e})"
                                   + (f"  flux(numpy) {t['flux_numpy']:.3f} ms" if "flux_numpy" in t else ""),
                                   flush=True)

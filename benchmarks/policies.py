@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Which oneDNN-shim layout policy is fastest, layer by layer (an exploration aid, not a test).
 
-Times flux_dnn.conv2d forward with algorithm=0 (caller's layouts), 1 (caller's activations,
+Times flux_dnn.conv2d forward (or --op backward_data / backward_weight) with algorithm=0 (caller's layouts), 1 (caller's activations,
 oneDNN-preferred weights) and 2 (oneDNN-preferred layouts with reorders), the heuristic's
 choice, and torch.nn.functional.conv2d, interleaved in one process, and prints the kernel
 each policy gets. A policy that lands on oneDNN's reference kernel ("ref:any") is not timed
@@ -25,11 +25,43 @@ from bench_cpu import LAYERS, interleaved, machine_text  # noqa: E402
 
 
 def algo_name(x, w, L, algorithm):
-    """(id, kernel name) of the plan a policy makes, without running it (a plan object)."""
+    """(id, kernel name) of the forward plan a policy makes, without running it (a plan object)."""
     plan = flux_dnn.conv_plan(x, w, None, L.stride, L.pad, 1, L.groups, algorithm=algorithm)
     name = plan.algorithm.replace(" [packed weights]", "")
     ids = {"user layouts": 0, "vendor weights": 1, "vendor layouts": 2}
     return next((v for k, v in ids.items() if f"({k})" in name), -1), name
+
+
+def backward_algo_name(op, x, w, dy, L, algorithm):
+    """(id, kernel name) of a backward plan, read from flux_dnn internals by running it once
+    on one image (a reference kernel on a whole batch would take minutes)."""
+    from flux_dnn import _conv, _core
+
+    x1, dy1 = x[:1], dy[:1]
+    if op == "backward_data":
+        out = flux_dnn.conv_backward_data(dy1, w, tuple(x1.shape), L.stride, L.pad, 1, L.groups, algorithm=algorithm)
+        code, ops = _conv.BACKWARD_DATA, (out, w, dy1)
+    else:
+        out = flux_dnn.conv_backward_weight(x1, dy1, tuple(w.shape), L.stride, L.pad, 1, L.groups, algorithm=algorithm)
+        code, ops = _conv.BACKWARD_WEIGHT, (x1, out, dy1)
+    prepared = next(v for k, v in reversed(list(_conv._memo.items())) if k[0] == code and algorithm in k)
+    r = _core.run_conv(prepared.shim, prepared.spec, *ops, None, None, None)
+    ids = {"user layouts": 0, "vendor weights": 1, "vendor layouts": 2}
+    return next((v for k, v in ids.items() if f"({k})" in r.algo_name), -1), r.algo_name
+
+
+def calls(op, x, w, dy, L, algorithm):
+    """(flux call, torch call) for one op."""
+    s, p, g = L.stride, L.pad, L.groups
+    if op == "forward":
+        return (lambda: flux_dnn.conv2d(x, w, None, s, p, 1, g, algorithm=algorithm),
+                lambda: F.conv2d(x, w, None, s, p, 1, g))
+    aten = torch.ops.aten.convolution_backward
+    if op == "backward_data":
+        return (lambda: flux_dnn.conv_backward_data(dy, w, tuple(x.shape), s, p, 1, g, algorithm=algorithm),
+                lambda: aten(dy, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], g, [True, False, False]))
+    return (lambda: flux_dnn.conv_backward_weight(x, dy, tuple(w.shape), s, p, 1, g, algorithm=algorithm),
+            lambda: aten(dy, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], g, [False, True, False]))
 
 
 def main(argv=None):
@@ -38,12 +70,16 @@ def main(argv=None):
     ap.add_argument("--layouts", default="nchw,nhwc")
     ap.add_argument("--layers", default="")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--op", default="forward", choices=["forward", "backward_data", "backward_weight"])
     ap.add_argument("--budget", type=float, default=1.5)
+    ap.add_argument("--stat", default="min", choices=["min", "median"],
+                    help="min (default: steadiest on a shared machine) or median of the interleaved calls")
     ap.add_argument("--algos", default="0,1,2", help="flux algorithm ids to time (the shim may know more)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     print(f"# {machine_text()}")
     print(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
+    print(f"# op {args.op}, dtype {args.dtype}, {args.stat} over interleaved calls" + ("" if args.op == "forward" else "; kernels probed at N=1"))
     print("| N | layout | layer | torch ms | heuristic (id) ms | " +
           " | ".join(f"alg {a} ms" for a in args.algos.split(",")) + " | best/torch | kernels |")
     print("|---:|---|---|---:|---:|" + "---:|" * len(args.algos.split(",")) + "---:|---|")
@@ -59,22 +95,30 @@ def main(argv=None):
                     if layout == "nhwc":
                         x = x.contiguous(memory_format=torch.channels_last)
                         w = w.contiguous(memory_format=torch.channels_last)
-                    fns = {"torch": lambda x=x, w=w, L=L: F.conv2d(x, w, None, L.stride, L.pad, 1, L.groups)}
-                    hid, _ = algo_name(x, w, L, "heuristic")
-                    fns["heuristic"] = lambda x=x, w=w, L=L: flux_dnn.conv2d(x, w, None, L.stride, L.pad, 1, L.groups)
+                    Ho = (L.H + 2 * L.pad - L.R) // L.stride + 1
+                    dy = torch.randn(n, L.K, Ho, Ho, generator=gen).to(dtype)
+                    if layout == "nhwc":
+                        dy = dy.contiguous(memory_format=torch.channels_last)
+                    name_of = ((lambda a: algo_name(x, w, L, a)) if args.op == "forward" else
+                               (lambda a: backward_algo_name(args.op, x, w, dy, L, a)))
+                    flux_h, fns = calls(args.op, x, w, dy, L, "heuristic")
+                    fns = {"torch": fns}
+                    hid, _ = name_of("heuristic")
+                    fns["heuristic"] = flux_h
                     kernels = []
                     for a in [int(a) for a in args.algos.split(",")]:
                         try:
-                            _, name = algo_name(x, w, L, a)
+                            _, name = name_of(a)
                         except Exception as e:  # noqa: BLE001
                             kernels.append(f"{a}: {type(e).__name__}")
                             continue
                         kernels.append(f"{a}: {name.split(' (')[0]}")
                         if name.startswith("ref"):
                             continue
-                        fns[f"alg {a}"] = (lambda x=x, w=w, L=L, a=a:
-                                           flux_dnn.conv2d(x, w, None, L.stride, L.pad, 1, L.groups, algorithm=a))
+                        fns[f"alg {a}"] = calls(args.op, x, w, dy, L, a)[0]
                     t = interleaved(fns, args.budget, 7, 300)
+                    if args.stat == "min":
+                        t = {k: t[f"_min {k}"] for k in fns}
                     best = min(v for k, v in t.items() if k.startswith("alg"))
                     cells = " | ".join(f"{t[f'alg {a}']:.3f}" if f"alg {a}" in t else "ref"
                                        for a in args.algos.split(","))
