@@ -38,13 +38,15 @@ def backward_algo_name(op, x, w, dy, L, algorithm):
     from flux_dnn import _conv, _core
 
     x1, dy1 = x[:1], dy[:1]
+    _conv._memo.clear()  # a cache: the one entry after the call is this call's
     if op == "backward_data":
         out = flux_dnn.conv_backward_data(dy1, w, tuple(x1.shape), L.stride, L.pad, 1, L.groups, algorithm=algorithm)
         code, ops = _conv.BACKWARD_DATA, (out, w, dy1)
     else:
         out = flux_dnn.conv_backward_weight(x1, dy1, tuple(w.shape), L.stride, L.pad, 1, L.groups, algorithm=algorithm)
         code, ops = _conv.BACKWARD_WEIGHT, (x1, out, dy1)
-    prepared = next(v for k, v in reversed(list(_conv._memo.items())) if k[0] == code and algorithm in k)
+    (key, prepared), = _conv._memo.items()
+    assert key[0] == code
     r = _core.run_conv(prepared.shim, prepared.spec, *ops, None, None, None)
     ids = {"user layouts": 0, "vendor weights": 1, "vendor layouts": 2}
     return next((v for k, v in ids.items() if f"({k})" in r.algo_name), -1), r.algo_name
