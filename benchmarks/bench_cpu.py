@@ -258,8 +258,11 @@ def machine_text() -> str:
         pass
     shim = next((s for s in flux_dnn.shims() if s.device_type == 1), None)
     vendor = f"{shim.vendor} {shim.vendor_version_runtime}" if shim and shim.vendor else "?"
+    import re
+
+    found = re.search(r"MKL-DNN v([0-9.]+)", torch.__config__.show())
     return (f"{model}, {os.cpu_count()} CPUs, flags: {flags or '?'}; torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads, its oneDNN {torch.backends.mkldnn.version() if hasattr(torch.backends.mkldnn, 'version') else '?'}); "
+            f"({torch.get_num_threads()} threads, its own oneDNN {found.group(1) if found else '?'}); "
             f"flux_dnn {flux_dnn.__version__} on {vendor}; Python {platform.python_version()}; "
             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
             f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}")
