@@ -46,6 +46,14 @@ def check_against_torch(flux_fn, torch_fn, inputs, rng):
         torch.testing.assert_close(got, want.float(), **TOL, msg=lambda m: f"grad {name}: {m}")
 
 
+@pytest.fixture(params=["autograd.Function", "custom_op"])
+def eager_path(request, monkeypatch):
+    """Eager calls go through a torch.autograd.Function; torch.compile through the custom
+    operators. Run the gradient checks through both."""
+    monkeypatch.setattr(ft, "_EAGER_CUSTOM_OPS", request.param == "custom_op")
+    return request.param
+
+
 # (nd, N, C, K, spatial, kernel, stride, padding, dilation, groups, bias)
 CONV_CASES = [
     (1, 2, 4, 6, (11,), (3,), 2, 1, 1, 2, True),
@@ -58,7 +66,7 @@ CONV_CASES = [
 
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{c[0]}d-s{c[6]}-p{c[7]}-d{c[8]}-g{c[9]}")
-def test_conv_values_and_gradients(case, rng):
+def test_conv_values_and_gradients(case, rng, eager_path):
     nd, N, C, K, sp, k, stride, padding, dilation, groups, has_bias = case
     x = randn(rng, N, C, *sp)
     w = randn(rng, K, C // groups, *k)
@@ -80,7 +88,7 @@ TRANSPOSE_CASES = [
 
 
 @pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=lambda c: f"{c[0]}d-s{c[6]}-p{c[7]}-op{c[8]}-d{c[9]}-g{c[10]}")
-def test_conv_transpose_values_and_gradients(case, rng):
+def test_conv_transpose_values_and_gradients(case, rng, eager_path):
     nd, N, C_in, C_out, sp, k, stride, padding, out_pad, dilation, groups, has_bias = case
     x = randn(rng, N, C_in, *sp)
     w = randn(rng, C_in, C_out // groups, *k)
@@ -92,7 +100,7 @@ def test_conv_transpose_values_and_gradients(case, rng):
                         [x, w, b], rng)
 
 
-def test_channels_last_gradients(rng):
+def test_channels_last_gradients(rng, eager_path):
     x = randn(rng, 2, 8, 6, 7).to(memory_format=torch.channels_last)
     w = randn(rng, 4, 8, 3, 3).to(memory_format=torch.channels_last)
     b = randn(rng, 4)
@@ -102,7 +110,7 @@ def test_channels_last_gradients(rng):
                         [x, w, b], rng)
 
 
-def test_only_requested_gradients(rng):
+def test_only_requested_gradients(rng, eager_path):
     """Frozen weights or inputs: only the gradients autograd asks for are computed and given."""
     x = randn(rng, 2, 3, 6, 6, requires_grad=True)
     w = randn(rng, 4, 3, 3, 3)
@@ -115,7 +123,7 @@ def test_only_requested_gradients(rng):
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
-def test_no_grad_and_inference_mode(mode, rng):
+def test_no_grad_and_inference_mode(mode, rng, eager_path):
     x = randn(rng, 2, 3, 8, 8, requires_grad=True)
     w = randn(rng, 5, 3, 3, 3, requires_grad=True)
     ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()

@@ -2,7 +2,9 @@
 
 ``flux_dnn.torch.conv2d(x, w)`` and friends are PyTorch custom operators (``torch.ops.flux_dnn``)
 with autograd through flux_dnn's own backward ops and fake implementations, so they work in
-eager mode, under ``torch.no_grad``/``inference_mode``, and inside ``torch.compile``.
+eager mode, under ``torch.no_grad``/``inference_mode``, and inside ``torch.compile``. (Eager
+calls skip the custom-op dispatcher through an equivalent ``torch.autograd.Function`` with the
+same kernels and gradient formulas: the dispatcher's Python costs as much as a small conv.)
 ``Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d`` are drop-in ``torch.nn`` modules, and
 ``convert(model)`` switches a model's convolutions to flux_dnn in place.
 
@@ -12,7 +14,7 @@ tensors to the cuDNN shim (on torch's current stream); nothing here is vendor-sp
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -64,87 +66,106 @@ def _transpose_out(size, k, s, d, p, op):
 
 
 def _pairs(lo, hi):
-    return [(a, b) for a, b in zip(lo, hi)]
+    return tuple(zip(lo, hi))  # hashable, like every argument below: flux_dnn then memoises the call
 
 
 # ------------------------------------------------------------------------------------------
-# Custom operators. Parameters arrive normalised (lists of ints, padding as lo/hi lists).
+# Kernels: plain functions calling flux_dnn, each registered below as a custom operator with a
+# fake implementation. Parameters arrive normalised (lists of ints, padding as lo/hi lists).
 
 
-@torch.library.custom_op("flux_dnn::conv", mutates_args=())
-def _conv_op(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding_lo: List[int],
+def _conv_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding_lo: List[int],
              padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
     x, w, bias = _dense(x), _dense(w), _dense(bias)
     out = _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, deterministic)
-    return flux_dnn.conv(x, w, bias, stride, _pairs(padding_lo, padding_hi), dilation, groups,
+    return flux_dnn.conv(x, w, bias, tuple(stride), _pairs(padding_lo, padding_hi), tuple(dilation), groups,
                          out=out, deterministic=deterministic)
 
 
-@_conv_op.register_fake
 def _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, deterministic):
     sp = [_conv_out(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding_lo[i], padding_hi[i])
           for i in range(x.dim() - 2)]
     return _empty_like_layout(_dense(x), [x.shape[0], w.shape[0], *sp])
 
 
-@torch.library.custom_op("flux_dnn::conv_backward_data", mutates_args=())
-def _bwd_data_op(dy: Tensor, w: Tensor, input_shape: List[int], stride: List[int], padding_lo: List[int],
+def _bwd_data_impl(dy: Tensor, w: Tensor, input_shape: List[int], stride: List[int], padding_lo: List[int],
                  padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
     dy, w = _dense(dy), _dense(w)
     out = _bwd_data_fake(dy, w, input_shape, stride, padding_lo, padding_hi, dilation, groups, deterministic)
-    return flux_dnn.conv_backward_data(dy, w, tuple(input_shape), stride, _pairs(padding_lo, padding_hi),
-                                       dilation, groups, out=out, deterministic=deterministic)
+    return flux_dnn.conv_backward_data(dy, w, tuple(input_shape), tuple(stride), _pairs(padding_lo, padding_hi),
+                                       tuple(dilation), groups, out=out, deterministic=deterministic)
 
 
-@_bwd_data_op.register_fake
 def _bwd_data_fake(dy, w, input_shape, stride, padding_lo, padding_hi, dilation, groups, deterministic):
     return _empty_like_layout(_dense(dy), input_shape)
 
 
-@torch.library.custom_op("flux_dnn::conv_backward_weight", mutates_args=())
-def _bwd_weight_op(x: Tensor, dy: Tensor, weight_shape: List[int], stride: List[int], padding_lo: List[int],
+def _bwd_weight_impl(x: Tensor, dy: Tensor, weight_shape: List[int], stride: List[int], padding_lo: List[int],
                    padding_hi: List[int], dilation: List[int], groups: int, bias_grad: bool,
                    deterministic: bool) -> Tuple[Tensor, Tensor]:
     """(dw, db); db is an empty tensor unless bias_grad (an op returns a fixed number of tensors)."""
     x, dy = _dense(x), _dense(dy)
     # flux_dnn allocates dw (and db) contiguous, as the fake implementation below does.
-    res = flux_dnn.conv_backward_weight(x, dy, tuple(weight_shape), stride, _pairs(padding_lo, padding_hi),
-                                        dilation, groups, bias_grad=bias_grad, deterministic=deterministic)
+    res = flux_dnn.conv_backward_weight(x, dy, tuple(weight_shape), tuple(stride), _pairs(padding_lo, padding_hi),
+                                        tuple(dilation), groups, bias_grad=bias_grad, deterministic=deterministic)
     return (res[0], res[1]) if bias_grad else (res, dy.new_empty(0))
 
 
-@_bwd_weight_op.register_fake
 def _bwd_weight_fake(x, dy, weight_shape, stride, padding_lo, padding_hi, dilation, groups, bias_grad,
                      deterministic):
     db = dy.new_empty(weight_shape[0] if bias_grad else 0)
     return x.new_empty(weight_shape), db
 
 
-@torch.library.custom_op("flux_dnn::conv_backward_bias", mutates_args=())
-def _bwd_bias_op(dy: Tensor) -> Tensor:
+def _bwd_bias_impl(dy: Tensor) -> Tensor:
     return flux_dnn.conv_backward_bias(_dense(dy))
 
 
-@_bwd_bias_op.register_fake
 def _bwd_bias_fake(dy):
     return dy.new_empty(dy.shape[1])
 
 
-@torch.library.custom_op("flux_dnn::conv_transpose", mutates_args=())
-def _conv_transpose_op(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
+def _conv_transpose_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
                        output_padding: List[int], dilation: List[int], groups: int,
                        deterministic: bool) -> Tensor:
     x, w, bias = _dense(x), _dense(w), _dense(bias)
     out = _conv_transpose_fake(x, w, bias, stride, padding, output_padding, dilation, groups, deterministic)
-    return flux_dnn.conv_transpose(x, w, bias, stride, padding, output_padding, groups, dilation,
-                                   out=out, deterministic=deterministic)
+    return flux_dnn.conv_transpose(x, w, bias, tuple(stride), tuple(padding), tuple(output_padding), groups,
+                                   tuple(dilation), out=out, deterministic=deterministic)
 
 
-@_conv_transpose_op.register_fake
 def _conv_transpose_fake(x, w, bias, stride, padding, output_padding, dilation, groups, deterministic):
     sp = [_transpose_out(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding[i], output_padding[i])
           for i in range(x.dim() - 2)]
     return _empty_like_layout(_dense(x), [x.shape[0], w.shape[1] * groups, *sp])
+
+
+def _custom_op(name, impl, fake):
+    op = torch.library.custom_op(f"flux_dnn::{name}", impl, mutates_args=())
+    op.register_fake(fake)
+    return op
+
+
+_conv_op = _custom_op("conv", _conv_impl, _conv_op_fake)
+_bwd_data_op = _custom_op("conv_backward_data", _bwd_data_impl, _bwd_data_fake)
+_bwd_weight_op = _custom_op("conv_backward_weight", _bwd_weight_impl, _bwd_weight_fake)
+_bwd_bias_op = _custom_op("conv_backward_bias", _bwd_bias_impl, _bwd_bias_fake)
+_conv_transpose_op = _custom_op("conv_transpose", _conv_transpose_impl, _conv_transpose_fake)
+
+
+class _Kernels(NamedTuple):
+    conv: object
+    bwd_data: object
+    bwd_weight: object
+    bwd_bias: object
+    conv_transpose: object
+
+
+# What the gradient formulas call: the custom operators while torch.compile traces (they have
+# fake implementations), the plain kernels in eager mode, where the custom-op machinery would
+# add a few hundred microseconds of Python per call (as much as a small convolution).
+_OPS = _Kernels(_conv_op, _bwd_data_op, _bwd_weight_op, _bwd_bias_op, _conv_transpose_op)
+_EAGER = _Kernels(_conv_impl, _bwd_data_impl, _bwd_weight_impl, _bwd_bias_impl, _conv_transpose_impl)
 
 
 # ------------------------------------------------------------------------------------------
@@ -159,19 +180,19 @@ def _conv_setup(ctx, inputs, output):
     ctx.params = params  # stride, padding_lo, padding_hi, dilation, groups, deterministic
 
 
-def _conv_backward(ctx, dy):
+def _conv_grads(k: _Kernels, ctx, dy):
     x, w = ctx.saved_tensors
     stride, lo, hi, dilation, groups, det = ctx.params
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     dx = dw = db = None
     if need_x:
-        dx = _bwd_data_op(dy, w, list(x.shape), stride, lo, hi, dilation, groups, det)
+        dx = k.bwd_data(dy, w, list(x.shape), stride, lo, hi, dilation, groups, det)
     if need_w or need_b:
-        dw, db = _bwd_weight_op(x, dy, list(w.shape), stride, lo, hi, dilation, groups, need_b, det)
+        dw, db = k.bwd_weight(x, dy, list(w.shape), stride, lo, hi, dilation, groups, need_b, det)
     return dx, (dw if need_w else None), (db if need_b else None), None, None, None, None, None, None
 
 
-_conv_op.register_autograd(_conv_backward, setup_context=_conv_setup)
+_conv_op.register_autograd(lambda ctx, dy: _conv_grads(_OPS, ctx, dy), setup_context=_conv_setup)
 
 
 def _equivalent_conv_hi(out_sp, kernel, in_sp, stride, dilation, padding) -> List[int]:
@@ -191,24 +212,69 @@ def _transpose_setup(ctx, inputs, output):
     ctx.params = params  # stride, padding, output_padding, dilation, groups, deterministic
 
 
-def _transpose_backward(ctx, dy):
+def _transpose_grads(k: _Kernels, ctx, dy):
     x, w = ctx.saved_tensors
     stride, padding, _, dilation, groups, det = ctx.params
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     hi = _equivalent_conv_hi(dy.shape[2:], w.shape[2:], x.shape[2:], stride, dilation, padding)
     dx = dw = db = None
     if need_x:
-        dx = _conv_op(dy, w, None, stride, padding, hi, dilation, groups, det)
+        dx = k.conv(dy, w, None, stride, padding, hi, dilation, groups, det)
     if need_w:
         # y = conv_transpose(x, w) is backward-data of a convolution from y's shape to x's,
         # so w's gradient is that convolution's backward-weight with input dy and output grad x.
-        dw, _ = _bwd_weight_op(dy, x, list(w.shape), stride, padding, hi, dilation, groups, False, det)
+        dw, _ = k.bwd_weight(dy, x, list(w.shape), stride, padding, hi, dilation, groups, False, det)
     if need_b:
-        db = _bwd_bias_op(dy)
+        db = k.bwd_bias(dy)
     return dx, dw, db, None, None, None, None, None, None
 
 
-_conv_transpose_op.register_autograd(_transpose_backward, setup_context=_transpose_setup)
+_conv_transpose_op.register_autograd(lambda ctx, dy: _transpose_grads(_OPS, ctx, dy), setup_context=_transpose_setup)
+
+
+# Eager mode: the same kernels and gradient formulas without the custom-op dispatch. The
+# forward takes ctx itself (no separate setup_context) because Function.apply binds the
+# arguments of a setup_context-style forward through inspect.signature on every call.
+
+
+class _ConvFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, *params):
+        _conv_setup(ctx, (x, w, bias, *params), None)
+        return _conv_impl(x, w, bias, *params)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _conv_grads(_EAGER, ctx, dy)
+
+
+class _ConvTransposeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, *params):
+        _transpose_setup(ctx, (x, w, bias, *params), None)
+        return _conv_transpose_impl(x, w, bias, *params)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _transpose_grads(_EAGER, ctx, dy)
+
+
+# Tests set this to run eager calls through the custom operators as well.
+_EAGER_CUSTOM_OPS = False
+
+
+def _use_custom_ops() -> bool:
+    # torch.func transforms (grad, vmap) are not supported by either path: flux_dnn needs
+    # tensors with storage, which functorch's wrapped tensors lack.
+    return _EAGER_CUSTOM_OPS or torch.compiler.is_compiling()
+
+
+def _run_conv(*args):
+    return _conv_op(*args) if _use_custom_ops() else _ConvFunction.apply(*args)
+
+
+def _run_conv_transpose(*args):
+    return _conv_transpose_op(*args) if _use_custom_ops() else _ConvTransposeFunction.apply(*args)
 
 
 # ------------------------------------------------------------------------------------------
@@ -254,8 +320,8 @@ def _conv_nd(nd, x, w, bias, stride, padding, dilation, groups):
     dilation = list(_conv._ints(dilation, nd, "dilation", 1))
     lo, hi = _conv._padding(padding, nd, tuple(stride), tuple(dilation), tuple(w.shape[2:]))
     x, w, bias = _autocast(x.device.type, x, w, bias)
-    y = _conv_op(x, w, bias, stride, list(lo), list(hi), dilation, _conv._int(groups, "groups"),
-                 _deterministic())
+    y = _run_conv(x, w, bias, stride, list(lo), list(hi), dilation, _conv._int(groups, "groups"),
+                  _deterministic())
     return y.squeeze(0) if unbatched else y
 
 
@@ -292,8 +358,8 @@ def _conv_transpose_nd(nd, x, w, bias, stride, padding, output_padding, groups, 
     padding = list(_conv._ints(padding, nd, "padding", 0))
     output_padding = list(_conv._ints(output_padding, nd, "output_padding", 0))
     x, w, bias = _autocast(x.device.type, x, w, bias)
-    y = _conv_transpose_op(x, w, bias, stride, padding, output_padding, dilation,
-                           _conv._int(groups, "groups"), _deterministic())
+    y = _run_conv_transpose(x, w, bias, stride, padding, output_padding, dilation,
+                            _conv._int(groups, "groups"), _deterministic())
     return y.squeeze(0) if unbatched else y
 
 
