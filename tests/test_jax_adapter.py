@@ -14,6 +14,15 @@ import flux_dnn.jax as fj  # noqa: E402
 RTOL = 2e-4  # float32, relative to the largest magnitude of the reference
 
 
+@pytest.fixture(autouse=True, params=["ffi", "callback"])
+def backend(request, monkeypatch):
+    """Every test runs through the XLA FFI handler and through jax.pure_callback."""
+    if request.param == "ffi" and not fj.ffi_available():
+        pytest.skip(f"the XLA FFI handler was not built (jaxlib not found at build time): {fj._ffi_state.get('reason')}")
+    monkeypatch.setattr(fj, "_BACKEND", request.param)
+    return request.param
+
+
 def close(got, want, what=""):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert got.shape == want.shape, (what, got.shape, want.shape)
@@ -139,3 +148,17 @@ def test_errors_are_python_exceptions_at_trace_time(rng):
 def test_import_flux_dnn_does_not_import_jax():
     code = "import sys, flux_dnn; assert 'jax' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bfloat16_through_ffi(backend, rng):
+    """bfloat16 arrays run on the FFI path (NumPy cannot carry them through pure_callback)."""
+    x, w = randn(rng, 2, 8, 8, 8), randn(rng, 8, 8, 3, 3)
+    if backend == "callback":
+        with pytest.raises(TypeError, match="bfloat16"):
+            fj.conv(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+        return
+    y = jax.jit(lambda x, w: fj.conv(x, w, padding=1))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    assert y.dtype == jnp.bfloat16
+    want = lax_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1)
+    err = float(jnp.abs(y.astype(jnp.float32) - want).max())
+    assert err <= 3e-2 * float(jnp.abs(want).max()), err

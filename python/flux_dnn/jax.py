@@ -5,13 +5,16 @@
 numbers, "SAME"/"VALID" or explicit padding, rhs_dilation, feature_group_count).
 
 Gradients are a ``jax.custom_vjp`` whose backward pass runs flux_dnn's backward-data and
-backward-weight ops; under ``vmap`` a batched call is one flux_dnn call (the vmapped axis is
-folded into the batch, or into groups when the weights are batched too).
+backward-weight ops; under ``vmap`` a batched call stays one custom call (the vmapped axis is
+folded into the batch when the weights are shared).
 
-This is the first, CPU path: flux_dnn is called through ``jax.pure_callback`` on host
-(NumPy) views of the arrays, float32 and float16. The target is an XLA FFI handler calling
-the shims through the ABI on JAX's own buffers and stream; until then GPU arrays would be
-copied to the host, so this module runs on CPU arrays only.
+Two ways into flux_dnn, same semantics:
+- the XLA FFI handler ``libflux_dnn_jax_ffi.so`` (built with flux_dnn when jaxlib's FFI headers
+  are found at build time): XLA passes its own buffers, no copies, and the handler calls the
+  shim through the ABI. Registered for CPU (the oneDNN shim); float32, float16, bfloat16.
+- otherwise ``jax.pure_callback`` on host (NumPy) views of the arrays; float32 and float16.
+GPU arrays are not served yet: the handler needs its CUDA registration (platform "CUDA",
+JAX's stream) and a GPU to test it on.
 
 Argument errors are raised when the function is traced, as ValueError/TypeError from
 flux_dnn's own checks; an error inside the vendor call at run time reaches the caller as
@@ -20,7 +23,9 @@ flux_dnn's own checks; an error inside the vendor call at run time reaches the c
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 from typing import NamedTuple, Sequence, Tuple
 
 import jax
@@ -29,10 +34,13 @@ import numpy as np
 
 import flux_dnn
 from flux_dnn import _conv
+from flux_dnn._conv import BACKWARD_DATA, BACKWARD_WEIGHT, FORWARD
+from flux_dnn._discovery import REGISTRY
 
 __all__ = ["conv", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_general_dilated"]
 
 _DTYPES = ("float32", "float16")
+_CPU = 1
 
 
 class _Geometry(NamedTuple):
@@ -120,10 +128,60 @@ def _host_backward_weight(nd, geo, weight_shape, x, dy):
     return dw.reshape(*lead, *weight_shape)
 
 
-def _host_transpose(nd, geo, output_padding, x, w):
-    def run(x, w, groups):
-        return flux_dnn.conv_transpose(x, w, None, geo.stride, geo.padding(), output_padding, groups, geo.dilation)
-    return _host_data_weight(run, nd, geo, x, w)
+_HOST = {FORWARD: _host_conv, BACKWARD_DATA: _host_backward_data, BACKWARD_WEIGHT: _host_backward_weight}
+
+
+# ------------------------------------------------------------------------------------------
+# The XLA FFI handler (libflux_dnn_jax_ffi.so, built when jaxlib's FFI headers were found at
+# build time): XLA passes its own buffers, the handler calls the shim through the ABI.
+
+_FFI_TARGET = "flux_dnn_conv"
+_FFI_LIBRARY = os.environ.get("FLUX_DNN_JAX_FFI") or os.path.join(os.path.dirname(flux_dnn.__file__),
+                                                                   "libflux_dnn_jax_ffi.so")
+_ffi_state: dict = {}
+
+
+def ffi_available() -> bool:
+    """Whether the XLA FFI handler is built and registered (else calls go through
+    jax.pure_callback)."""
+    if "ok" not in _ffi_state:
+        try:
+            lib = ctypes.CDLL(_FFI_LIBRARY)
+            jax.ffi.register_ffi_target(_FFI_TARGET, jax.ffi.pycapsule(lib.FluxDnnConv), platform="cpu")
+            _ffi_state.update(ok=True, lib=lib)
+        except (OSError, AttributeError) as exc:
+            _ffi_state.update(ok=False, reason=f"{_FFI_LIBRARY}: {exc}")
+    return _ffi_state["ok"]
+
+
+# "ffi" or "callback"; None picks the FFI handler when it is available. Tests set it.
+_BACKEND = None
+
+
+def _use_ffi() -> bool:
+    return _BACKEND == "ffi" or (_BACKEND is None and ffi_available())
+
+
+def _cpu_shim_path() -> str:
+    return REGISTRY.shim_for(_CPU).shim.path  # loads the shim (and checks its ABI) if needed
+
+
+def _run(op, geo, out_shape, dtype, a, b):
+    """One flux_dnn convolution op on JAX arrays: forward (x, w), backward-data (dy, w) or
+    backward-weight (x, dy), with the result's (unbatched) shape known."""
+    out = jax.ShapeDtypeStruct(tuple(out_shape), dtype)
+    if _use_ffi():
+        if not ffi_available():
+            raise flux_dnn.DeviceUnavailableError(f"the flux_dnn XLA FFI handler is not available: {_ffi_state['reason']}")
+        i64 = functools.partial(np.asarray, dtype=np.int64)
+        call = jax.ffi.ffi_call(_FFI_TARGET, out, vmap_method="expand_dims")
+        return call(a, b, shim=_cpu_shim_path(), op=np.int64(op), stride=i64(geo.stride), padding_lo=i64(geo.lo),
+                    padding_hi=i64(geo.hi), dilation=i64(geo.dilation), groups=np.int64(geo.groups),
+                    flags=np.int64(0))
+    nd = len(geo.stride)
+    host = _HOST[op]
+    fn = functools.partial(host, nd, geo) if op == FORWARD else functools.partial(host, nd, geo, tuple(out_shape))
+    return jax.pure_callback(fn, out, a, b, vmap_method="expand_dims")
 
 
 # ------------------------------------------------------------------------------------------
@@ -132,25 +190,23 @@ def _host_transpose(nd, geo, output_padding, x, w):
 
 
 def _check_dtype(*arrays):
+    # NumPy (the pure_callback path) cannot hand bfloat16 to flux_dnn through DLPack.
+    allowed = _DTYPES + ("bfloat16",) if _use_ffi() else _DTYPES
     for name, a in arrays:
-        if str(a.dtype) not in _DTYPES:
-            raise TypeError(f"{name}: flux_dnn.jax supports {', '.join(_DTYPES)} arrays on this path "
-                            f"(jax.pure_callback through NumPy), got {a.dtype}")
+        if str(a.dtype) not in allowed:
+            raise TypeError(f"{name}: flux_dnn.jax supports {', '.join(allowed)} arrays here, got {a.dtype}")
 
 
 @functools.lru_cache(maxsize=1024)
-def _probe(kind, x_shape, w_shape, dtype, geo, output_padding=None):
-    x = np.empty((0, *x_shape[1:]), dtype)
-    w = np.empty(w_shape, dtype)
+def _probe(kind, x_shape, w_shape, geo, output_padding=None):
+    # float32 whatever the dtype: shapes do not depend on it, and NumPy has no bfloat16 DLPack.
+    x = np.empty((0, *x_shape[1:]), np.float32)
+    w = np.empty(w_shape, np.float32)
     if kind == "conv":
         y = flux_dnn.conv(x, w, None, geo.stride, geo.padding(), geo.dilation, geo.groups)
     else:
         y = flux_dnn.conv_transpose(x, w, None, geo.stride, geo.padding(), output_padding, geo.groups, geo.dilation)
     return (x_shape[0], *y.shape[1:])
-
-
-def _callback(fn, shape, dtype, *args):
-    return jax.pure_callback(fn, jax.ShapeDtypeStruct(tuple(shape), dtype), *args, vmap_method="expand_dims")
 
 
 def _nd(x):
@@ -159,8 +215,8 @@ def _nd(x):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _conv_p(x, w, geo):
-    shape = _probe("conv", x.shape, w.shape, str(x.dtype), geo)
-    return _callback(functools.partial(_host_conv, _nd(x), geo), shape, x.dtype, x, w)
+    shape = _probe("conv", x.shape, w.shape, geo)
+    return _run(FORWARD, geo, shape, x.dtype, x, w)
 
 
 def _conv_fwd(x, w, geo):
@@ -169,18 +225,16 @@ def _conv_fwd(x, w, geo):
 
 def _conv_bwd(geo, res, dy):
     x, w = res
-    nd = _nd(x)
-    dx = _callback(functools.partial(_host_backward_data, nd, geo, x.shape), x.shape, x.dtype, dy, w)
-    dw = _callback(functools.partial(_host_backward_weight, nd, geo, w.shape), w.shape, w.dtype, x, dy)
-    return dx, dw
+    return _run(BACKWARD_DATA, geo, x.shape, x.dtype, dy, w), _run(BACKWARD_WEIGHT, geo, w.shape, w.dtype, x, dy)
 
 
 _conv_p.defvjp(_conv_fwd, _conv_bwd)
 
 
-def _equivalent_conv_hi(out_sp, kernel, in_sp, geo):
-    """High padding of the convolution mapping a transposed convolution's output back onto its
-    input (smaller than the padding when output_padding added whole strides)."""
+def _equivalent_conv(out_sp, kernel, in_sp, geo):
+    """The convolution mapping a transposed convolution's output (out_sp) back onto its input
+    (in_sp): same geometry, but a smaller high padding when output_padding added whole strides
+    (the rule flux_dnn.conv_transpose follows)."""
     hi = list(geo.hi)
     for i in range(len(hi)):
         while _conv.conv_output_size(out_sp[i], kernel[i], geo.stride[i], geo.dilation[i], geo.lo[i], hi[i]) > in_sp[i]:
@@ -188,10 +242,16 @@ def _equivalent_conv_hi(out_sp, kernel, in_sp, geo):
     return geo._replace(hi=tuple(hi))
 
 
+# A transposed convolution y = conv_transpose(x, w) is the backward-data op of the equivalent
+# convolution from y's shape to x's: x's gradient is that convolution of dy, and w's gradient
+# its backward-weight with input dy and output gradient x.
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _transpose_p(x, w, geo, output_padding):
-    shape = _probe("transpose", x.shape, w.shape, str(x.dtype), geo, output_padding)
-    return _callback(functools.partial(_host_transpose, _nd(x), geo, output_padding), shape, x.dtype, x, w)
+    shape = _probe("transpose", x.shape, w.shape, geo, output_padding)
+    cg = _equivalent_conv(shape[2:], w.shape[2:], x.shape[2:], geo)
+    return _run(BACKWARD_DATA, cg, shape, x.dtype, x, w)
 
 
 def _transpose_fwd(x, w, geo, output_padding):
@@ -199,14 +259,9 @@ def _transpose_fwd(x, w, geo, output_padding):
 
 
 def _transpose_bwd(geo, output_padding, res, dy):
-    # y = conv_transpose(x, w) is the backward-data of the convolution from y's shape to x's:
-    # x's gradient is that convolution of dy, w's its backward-weight with input dy.
     x, w = res
-    nd = _nd(x)
-    cg = _equivalent_conv_hi(dy.shape[2:], w.shape[2:], x.shape[2:], geo)
-    dx = _callback(functools.partial(_host_conv, nd, cg), x.shape, x.dtype, dy, w)
-    dw = _callback(functools.partial(_host_backward_weight, nd, cg, w.shape), w.shape, w.dtype, dy, x)
-    return dx, dw
+    cg = _equivalent_conv(dy.shape[2:], w.shape[2:], x.shape[2:], geo)
+    return _run(FORWARD, cg, x.shape, x.dtype, dy, w), _run(BACKWARD_WEIGHT, cg, w.shape, w.dtype, dy, x)
 
 
 _transpose_p.defvjp(_transpose_fwd, _transpose_bwd)
