@@ -48,7 +48,8 @@ const FDNN_Api* api_for(const std::string& path, std::string* error) {
   }
   auto get = reinterpret_cast<FDNN_GetApiFn*>(dlsym(lib, FDNN_GET_API_SYMBOL));
   const FDNN_Api* api = get ? get() : nullptr;
-  if (!api || api->abi_major != FDNN_ABI_MAJOR || api->struct_size < FDNN_Api_STRUCT_SIZE) {
+  // The handler uses the ABI 1.0 functions only, so any 1.x table that has them will do.
+  if (!api || api->abi_major != FDNN_ABI_MAJOR || api->struct_size < FDNN_STRUCT_SIZE(FDNN_Api, Plan_Destroy)) {
     *error = "flux_dnn shim " + path + " has no compatible fdnn_get_api (ABI major " +
              std::to_string(FDNN_ABI_MAJOR) + " expected)";
     return nullptr;
