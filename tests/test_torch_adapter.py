@@ -307,3 +307,32 @@ def test_cuda_tensors_go_through_flux_dnn(rng):
     b = randn(rng, 4).cuda()
     check_against_torch(lambda x, w, b: ft.conv2d(x, w, b, 2, 1), lambda x, w, b: F.conv2d(x, w, b, 2, 1),
                         [x, w, b], rng)
+
+
+def test_concurrent_threads_agree_with_torch(rng):
+    """flux_dnn's plan cache and memo are shared by threads: concurrent forward and backward
+    calls of several shapes all give torch's results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = []
+    for i in range(8):
+        c, k, h = int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(5, 10))
+        cases.append((randn(rng, 2, c, h, h, requires_grad=True), randn(rng, k, c, 3, 3, requires_grad=True), 1 + i % 2))
+
+    def run(case):
+        x, w, stride = case
+        y = ft.conv2d(x, w, None, stride, 1)
+        gx, gw = torch.autograd.grad(y.square().sum(), (x, w))
+        return y.detach(), gx, gw
+
+    def reference(case):
+        x, w, stride = case
+        y = F.conv2d(x, w, None, stride, 1)
+        gx, gw = torch.autograd.grad(y.square().sum(), (x, w))
+        return y.detach(), gx, gw
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, cases * 4))
+    for case, got in zip(cases * 4, results):
+        for a, b in zip(got, reference(case)):
+            torch.testing.assert_close(a, b, **TOL)
