@@ -251,15 +251,19 @@ def test_torch_compile_matches_eager(rng):
         torch.testing.assert_close(got, want, **TOL)
 
 
-def test_opcheck(rng):
-    """torch.library.opcheck: schema, fake implementations, autograd registration and
-    AOT dispatch of every custom op agree with the real kernels."""
-    x, w, b = randn(rng, 2, 4, 7, 6, requires_grad=True), randn(rng, 6, 2, 3, 3, requires_grad=True), randn(rng, 6)
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels_last"])
+def test_opcheck(fmt, rng):
+    """torch.library.opcheck: schema, fake implementations (strides included), autograd
+    registration and AOT dispatch of every custom op agree with the real kernels."""
+    def r(*shape, grad=False):
+        return randn(rng, *shape).to(memory_format=fmt).requires_grad_(grad)
+
+    x, w, b = r(2, 4, 7, 6, grad=True), r(6, 2, 3, 3, grad=True), randn(rng, 6)
     torch.library.opcheck(torch.ops.flux_dnn.conv.default, (x, w, b, [2, 1], [1, 0], [1, 2], [1, 1], 2, False))
-    xt, wt = randn(rng, 2, 4, 5, 5, requires_grad=True), randn(rng, 4, 3, 3, 3, requires_grad=True)
+    xt, wt = r(2, 4, 5, 5, grad=True), r(4, 3, 3, 3, grad=True)
     torch.library.opcheck(torch.ops.flux_dnn.conv_transpose.default,
-                          (xt, wt, None, [2, 2], [1, 1], [1, 0], [1, 1], 1, False))
-    dy = randn(rng, 2, 6, 4, 6)
+                          (xt, wt, randn(rng, 3), [2, 2], [1, 1], [1, 0], [1, 1], 1, False))
+    dy = r(2, 6, 4, 6)
     torch.library.opcheck(torch.ops.flux_dnn.conv_backward_data.default,
                           (dy, w.detach(), [2, 4, 7, 6], [2, 1], [1, 0], [1, 2], [1, 1], 2, False))
     torch.library.opcheck(torch.ops.flux_dnn.conv_backward_weight.default,
