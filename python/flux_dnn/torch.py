@@ -72,14 +72,15 @@ def _pairs(lo, hi):
 # ------------------------------------------------------------------------------------------
 # Kernels: plain functions calling flux_dnn, each registered below as a custom operator with a
 # fake implementation. Parameters arrive normalised (lists of ints, padding as lo/hi lists).
+# flux_dnn allocates the results in x's (dy's) memory format, the rule the fake
+# implementations follow; opcheck in the tests compares their strides.
 
 
 def _conv_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding_lo: List[int],
-             padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
+               padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
     x, w, bias = _dense(x), _dense(w), _dense(bias)
-    out = _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, deterministic)
     return flux_dnn.conv(x, w, bias, tuple(stride), _pairs(padding_lo, padding_hi), tuple(dilation), groups,
-                         out=out, deterministic=deterministic)
+                         deterministic=deterministic)
 
 
 def _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, deterministic):
@@ -89,11 +90,10 @@ def _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, 
 
 
 def _bwd_data_impl(dy: Tensor, w: Tensor, input_shape: List[int], stride: List[int], padding_lo: List[int],
-                 padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
+                   padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
     dy, w = _dense(dy), _dense(w)
-    out = _bwd_data_fake(dy, w, input_shape, stride, padding_lo, padding_hi, dilation, groups, deterministic)
     return flux_dnn.conv_backward_data(dy, w, tuple(input_shape), tuple(stride), _pairs(padding_lo, padding_hi),
-                                       tuple(dilation), groups, out=out, deterministic=deterministic)
+                                       tuple(dilation), groups, deterministic=deterministic)
 
 
 def _bwd_data_fake(dy, w, input_shape, stride, padding_lo, padding_hi, dilation, groups, deterministic):
@@ -101,8 +101,8 @@ def _bwd_data_fake(dy, w, input_shape, stride, padding_lo, padding_hi, dilation,
 
 
 def _bwd_weight_impl(x: Tensor, dy: Tensor, weight_shape: List[int], stride: List[int], padding_lo: List[int],
-                   padding_hi: List[int], dilation: List[int], groups: int, bias_grad: bool,
-                   deterministic: bool) -> Tuple[Tensor, Tensor]:
+                     padding_hi: List[int], dilation: List[int], groups: int, bias_grad: bool,
+                     deterministic: bool) -> Tuple[Tensor, Tensor]:
     """(dw, db); db is an empty tensor unless bias_grad (an op returns a fixed number of tensors)."""
     x, dy = _dense(x), _dense(dy)
     # flux_dnn allocates dw (and db) contiguous, as the fake implementation below does.
@@ -126,12 +126,11 @@ def _bwd_bias_fake(dy):
 
 
 def _conv_transpose_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
-                       output_padding: List[int], dilation: List[int], groups: int,
-                       deterministic: bool) -> Tensor:
+                         output_padding: List[int], dilation: List[int], groups: int,
+                         deterministic: bool) -> Tensor:
     x, w, bias = _dense(x), _dense(w), _dense(bias)
-    out = _conv_transpose_fake(x, w, bias, stride, padding, output_padding, dilation, groups, deterministic)
     return flux_dnn.conv_transpose(x, w, bias, tuple(stride), tuple(padding), tuple(output_padding), groups,
-                                   tuple(dilation), out=out, deterministic=deterministic)
+                                   tuple(dilation), deterministic=deterministic)
 
 
 def _conv_transpose_fake(x, w, bias, stride, padding, output_padding, dilation, groups, deterministic):
