@@ -38,14 +38,20 @@ def test_digits_loss_falls(digits, rng):
 
 
 def test_flux_and_torch_convs_train_alike(digits, rng):
-    """One epoch from identical weights and batches: flux_dnn's and torch's parameters agree."""
+    """20 SGD steps from identical weights and batches: flux_dnn's and torch's parameters agree.
+    (SGD rather than the example's Adam: Adam's normalised steps turn float32 rounding in
+    near-zero gradients into visible differences.)"""
     seed = int(rng.integers(1 << 16))
     x, y, _, _ = digits.load_digits_split(seed)
     models = [digits.make_model(use_flux=flux, seed=seed) for flux in (True, False)]
-    histories = [digits.train(m, x[:512], y[:512], epochs=1, seed=seed, log=None) for m in models]
-    assert histories[0] == pytest.approx(histories[1], rel=1e-3)
+    for model in models:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        for idx in digits.batches(len(x), 32, 0, seed)[:20]:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
 def test_digits_example_reaches_97_percent(digits):
