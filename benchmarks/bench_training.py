@@ -80,11 +80,15 @@ def time_steps(step, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-def bench(name: str, build, in_shape, batch: int, bf16: bool, rounds: int, steps: int, warmup: int) -> dict:
+def bench(name: str, build, in_shape, batch: int, bf16: bool, rounds: int, steps: int, warmup: int,
+          channels_last: bool = False) -> dict:
     torch.manual_seed(0)
     ref = build()
-    mine = ft.convert(copy.deepcopy(ref))
     x = torch.randn(batch, *in_shape)
+    if channels_last:
+        ref = ref.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
+    mine = ft.convert(copy.deepcopy(ref))
     y = torch.randint(0, 10, (batch,))
     steps_fn = {"flux": make_step(mine, x, y, bf16), "torch": make_step(ref, x, y, bf16)}
     for fn in steps_fn.values():
@@ -107,18 +111,20 @@ def main(argv=None) -> list:
     p.add_argument("--digits-steps", type=int, default=50, help="steps per round, digits CNN")
     p.add_argument("--resnet-steps", type=int, default=3, help="steps per round, ResNet")
     p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--channels-last", action="store_true", help="models and inputs in channels-last")
     args = p.parse_args(argv)
 
     configs = [("digits CNN 8x8", digits_cnn, (1, 8, 8), args.digits_steps, 10),
                (f"ResNet-18 convs {args.size}x{args.size}", resnet18_like, (3, args.size, args.size),
                 args.resnet_steps, 2)]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; steps/s, median of {args.rounds} rounds")
+    layout = "channels-last" if args.channels_last else "NCHW"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {layout}; steps/s, median of {args.rounds} rounds")
     print(f"| model | dtype | batch | flux_dnn steps/s | torch steps/s | flux/torch |")
     print(f"|---|---|---|---|---|---|")
     rows = []
     for name, build, shape, steps, warmup in configs:
         for dt in args.dtypes.split(","):
-            r = bench(name, build, shape, args.batch, dt == "bf16", args.rounds, steps, warmup)
+            r = bench(name, build, shape, args.batch, dt == "bf16", args.rounds, steps, warmup, args.channels_last)
             rows.append(r)
             print(f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['flux']:.2f} | {r['torch']:.2f} | "
                   f"{r['ratio']:.2f}x |", flush=True)
