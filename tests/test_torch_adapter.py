@@ -299,6 +299,9 @@ def test_errors_are_python_exceptions(rng):
         ft.conv2d(x.numpy(), randn(rng, 4, 3, 3, 3))
     with pytest.raises(ValueError, match="output_padding"):
         ft.conv_transpose2d(x, randn(rng, 3, 2, 3, 3), stride=2, output_padding=2)
+    compiled = torch.compile(lambda x, w: ft.conv2d(x, w, groups=2), backend="aot_eager", fullgraph=True)
+    with pytest.raises(ValueError, match="groups"):  # the same exception from inside torch.compile
+        compiled(x, randn(rng, 4, 2, 3, 3))
 
 
 def test_import_flux_dnn_does_not_import_frameworks():
