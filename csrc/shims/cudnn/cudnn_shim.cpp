@@ -1,0 +1,274 @@
+// The cuDNN shim: flux_dnn's ABI (flux_dnn.h) over cuDNN 9's graph API on NVIDIA GPUs.
+//
+// A plan holds a finalized cuDNN execution plan for one convolution, chosen once at plan
+// time (heuristic, benchmark or given id); executing it binds this call's pointers in a
+// variant pack and launches on the caller's stream. Bias, activation and beta that the
+// convolution engine does not take are applied by our own epilogue kernel (epilogue.cu),
+// and the bias gradient of backward-weight by a reduction kernel.
+#include <cudnn_version.h>
+
+#include <memory>
+#include <string>
+
+#include "conv_graph.hpp"
+#include "cuda_env.hpp"
+#include "cudnn_lib.hpp"
+#include "engines.hpp"
+#include "epilogue.hpp"
+#include "handle_pool.hpp"
+#include "problem.hpp"
+#include "shim_common.hpp"
+
+using fdnn_shim::fail;
+using fdnn_shim::Failure;
+using namespace fdnn_cudnn;
+
+struct FDNN_Plan {
+  ConvProblem problem;
+  ConvGraph graph;
+  Selected selected;
+  size_t scratch_offset = 0;  // where the conv result goes when the epilogue needs y_old
+  size_t workspace_size = 0;  // cuDNN's workspace + that scratch
+  EpilogueParams epilogue;
+};
+
+namespace {
+
+constexpr size_t kWorkspaceAlign = 256;
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+#define FDNN_STR2(x) #x
+#define FDNN_STR(x) FDNN_STR2(x)
+constexpr const char* kBuiltVersion =
+    FDNN_STR(CUDNN_MAJOR) "." FDNN_STR(CUDNN_MINOR) "." FDNN_STR(CUDNN_PATCHLEVEL);
+
+struct ShimState {
+  std::string runtime_version;  // "" when cuDNN is missing
+  std::string why_not;          // "" when usable
+  int num_devices = 0;
+};
+
+const ShimState& shim_state() {
+  static const ShimState state = [] {
+    ShimState s;
+    std::string why;
+    if (const CudnnLib* lib = load_cudnn(&why)) {
+      s.runtime_version = cudnn_version_text(lib->GetVersion());
+    } else {
+      s.why_not = why;
+      return s;
+    }
+    const CudaDevices& devices = cuda_devices();
+    s.why_not = devices.why_not;
+    s.num_devices = devices.count;
+    return s;
+  }();
+  return state;
+}
+
+void require_usable() {
+  const ShimState& s = shim_state();
+  if (!s.why_not.empty()) fail(FDNN_ERROR_UNAVAILABLE, "cudnn: %s", s.why_not.c_str());
+}
+
+void require_device(int device) {
+  require_usable();
+  const ShimState& s = shim_state();
+  if (device < 0 || device >= s.num_devices)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: no CUDA device %d (this process sees %d)",
+         device, s.num_devices);
+}
+
+// Re-throws a failure with the conv parameters appended, unless the message has them.
+template <class Body>
+void with_problem(const std::string& description, Body&& body) {
+  try {
+    body();
+  } catch (const Failure& f) {
+    std::string message = f.what();
+    if (message.find(description) != std::string::npos) throw;
+    throw Failure(f.code(), message + " [" + description + "]");
+  }
+}
+
+ElementType element_type(cudnnDataType_t t) {
+  switch (t) {
+    case CUDNN_DATA_HALF: return ElementType::kHalf;
+    case CUDNN_DATA_BFLOAT16: return ElementType::kBFloat16;
+    case CUDNN_DATA_DOUBLE: return ElementType::kDouble;
+    default: return ElementType::kFloat;
+  }
+}
+
+EpilogueParams epilogue_params(const ConvProblem& p) {
+  EpilogueParams e;
+  e.type = element_type(p.dtype);
+  e.y.ndim = static_cast<int>(p.y_logical.shape.size());
+  for (int d = 0; d < e.y.ndim; ++d) {
+    e.y.shape[d] = p.y_logical.shape[static_cast<size_t>(d)];
+    e.y.strides[d] = p.y_logical.strides[static_cast<size_t>(d)];
+  }
+  e.bias_stride = p.bias_stride;
+  e.alpha = p.alpha;
+  e.beta = p.beta;
+  e.activation = static_cast<int>(p.activation);
+  e.activation_alpha = p.activation_alpha;
+  e.activation_beta = p.activation_beta;
+  return e;
+}
+
+// With an epilogue, the convolution applies alpha only; beta belongs to the epilogue.
+ConvScales conv_scales(const ConvProblem& p) {
+  if (p.has_epilogue()) return {p.alpha, 0.0};
+  return {p.alpha, p.beta};
+}
+
+void create_plan(FDNN_Conv_Plan_Create_Args* args) {
+  fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE,
+                               "Conv_Plan_Create");
+  require_usable();  // "no driver" before any complaint about the arguments
+  auto plan = std::make_unique<FDNN_Plan>();
+  plan->problem = read_problem(*args);
+  const ConvProblem& p = plan->problem;
+  require_device(p.device);
+  with_problem(p.description, [&] {
+    DeviceGuard guard(p.device);
+    cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
+    cudnnHandle_t handle = thread_handle(p.device, stream);
+    size_t scratch = p.needs_conv_scratch() ? round_up(p.y_logical.span_bytes, 256) : 0;
+    size_t limit = args->workspace_limit;
+    if (limit < scratch)
+      fail(FDNN_ERROR_UNSUPPORTED, "cudnn: bias/activation with beta != 0 needs %zu bytes "
+           "of workspace for the conv result, over the limit of %zu", scratch, limit);
+    EngineRequest request;
+    request.policy = args->algo_policy;
+    request.given_id = args->algo_id;
+    request.workspace_budget = limit == SIZE_MAX ? SIZE_MAX : limit - scratch;
+    request.stream = stream;
+    plan->graph = build_conv_graph(p, conv_scales(p), handle);
+    plan->selected = select_engine(p, plan->graph, request, handle);
+  });
+  size_t cudnn_ws = plan->selected.workspace;
+  plan->scratch_offset = round_up(cudnn_ws, kWorkspaceAlign);
+  plan->workspace_size = p.needs_conv_scratch()
+                             ? plan->scratch_offset + round_up(p.y_logical.span_bytes, 256)
+                             : cudnn_ws;
+  plan->epilogue = epilogue_params(p);
+  args->workspace_size = plan->workspace_size;
+  args->chosen_algo_id = plan->selected.algo_id;
+  args->algo_name = plan->selected.name.c_str();
+  args->plan = plan.release();
+}
+
+void check_alignment(const FDNN_Plan& plan, const void* ptr, const char* name) {
+  if (reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(plan.problem.alignment) != 0)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: %s at %p is not %lld-byte aligned as the plan "
+         "assumed (plan with the real data pointers to allow less)", name, ptr,
+         static_cast<long long>(plan.problem.alignment));
+}
+
+void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a) {
+  const FDNN_Plan& plan = *a.plan;
+  if (a.x == nullptr || a.w == nullptr || a.y == nullptr)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: x, w and y pointers are all required");
+  if (plan.problem.has_bias && a.bias == nullptr)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: the plan has a bias but the bias pointer is "
+         "NULL");
+  if (plan.workspace_size > 0 && (a.workspace == nullptr || a.workspace_size <
+                                  plan.workspace_size))
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: the plan needs %zu bytes of workspace, got "
+         "%zu at %p", plan.workspace_size, a.workspace_size, a.workspace);
+  check_alignment(plan, a.x, "x");
+  check_alignment(plan, a.w, "w");
+  check_alignment(plan, a.y, "y");
+}
+
+void run_epilogue(const FDNN_Plan& plan, const FDNN_Conv_Plan_Execute_Args& a,
+                  void* conv_out, cudaStream_t stream) {
+  const ConvProblem& p = plan.problem;
+  if (p.has_epilogue())
+    check_cuda(launch_bias_activation(plan.epilogue, a.y, conv_out,
+                                      p.has_bias ? a.bias : nullptr, stream),
+               "launch of the bias/activation kernel");
+  if (p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias)
+    check_cuda(launch_bias_gradient(plan.epilogue, a.y, a.bias, stream),
+               "launch of the bias-gradient kernel");
+}
+
+void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
+  fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE,
+                               "Conv_Plan_Execute");
+  if (args->plan == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: plan is NULL");
+  const FDNN_Plan& plan = *args->plan;
+  with_problem(plan.problem.description, [&] {
+    check_execute_args(*args);
+    DeviceGuard guard(plan.problem.device);
+    cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
+    cudnnHandle_t handle = thread_handle(plan.problem.device, stream);
+    void* conv_out = args->y;
+    if (plan.problem.needs_conv_scratch())
+      conv_out = static_cast<char*>(args->workspace) + plan.scratch_offset;
+    cudnnStatus_t status = run_plan(handle, *plan.selected.plan, args->x, args->w, conv_out,
+                                    args->workspace);
+    if (status != CUDNN_STATUS_SUCCESS) fail_cudnn(status, "cudnnBackendExecute");
+    run_epilogue(plan, *args, conv_out, stream);
+  });
+}
+
+// ---- the table ---------------------------------------------------------------------------
+
+void Error_Destroy(FDNN_Error_Destroy_Args* args) { fdnn_shim::error_destroy(args); }
+
+void Error_Describe(FDNN_Error_Describe_Args* args) { fdnn_shim::error_describe(args); }
+
+FDNN_Error* Shim_Info(FDNN_Shim_Info_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Shim_Info_Args_STRUCT_SIZE, "Shim_Info");
+    const ShimState& s = shim_state();
+    args->shim_name = "cudnn";
+    args->vendor_name = "cuDNN";
+    args->vendor_version_built = kBuiltVersion;
+    args->vendor_version_runtime = s.runtime_version.c_str();
+    args->device_type = FDNN_DEVICE_CUDA;
+    args->num_devices = s.num_devices;
+    args->unavailable_reason = s.why_not.empty() ? nullptr : s.why_not.c_str();
+  });
+}
+
+FDNN_Error* Device_Describe(FDNN_Device_Describe_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Device_Describe_Args_STRUCT_SIZE,
+                                 "Device_Describe");
+    require_device(args->device_id);
+    args->name = cuda_devices().names[static_cast<size_t>(args->device_id)].c_str();
+  });
+}
+
+FDNN_Error* Conv_Plan_Create(FDNN_Conv_Plan_Create_Args* args) {
+  return fdnn_shim::guarded([&] { create_plan(args); });
+}
+
+FDNN_Error* Conv_Plan_Execute(FDNN_Conv_Plan_Execute_Args* args) {
+  return fdnn_shim::guarded([&] { execute_plan(args); });
+}
+
+void Plan_Destroy(FDNN_Plan_Destroy_Args* args) {
+  if (args == nullptr || args->plan == nullptr) return;
+  try {
+    // cuDNN may free device resources of the plan: do it on the plan's device.
+    DeviceGuard guard(args->plan->problem.device);
+    delete args->plan;
+  } catch (...) {
+    delete args->plan;  // the device could not be made current; free the host side anyway
+  }
+}
+
+const FDNN_Api kApi = {
+    FDNN_Api_STRUCT_SIZE, FDNN_ABI_MAJOR, FDNN_ABI_MINOR, Error_Destroy, Error_Describe,
+    Shim_Info,            Device_Describe, Conv_Plan_Create, Conv_Plan_Execute, Plan_Destroy,
+};
+
+}  // namespace
+
+extern "C" FDNN_EXPORT const FDNN_Api* fdnn_get_api(void) { return &kApi; }
