@@ -31,8 +31,10 @@ try:
     files = m.distribution(sys.argv[1]).files or []
 except m.PackageNotFoundError:
     files = []
-hits = [f for f in files if str(f).replace('\\\\', '/').endswith(sys.argv[2])]
-print(hits[0].locate().resolve() if hits else '', end='')
+# Match on the resolved path: RECORD paths of data files are relative ('../../cmake/...').
+paths = [f.locate().resolve() for f in files if f.name == sys.argv[2].rsplit('/', 1)[-1]]
+hits = [p for p in paths if p.as_posix().endswith(sys.argv[2])]
+print(hits[0] if hits else '', end='')
 " "${dist}" "${suffix}"
     OUTPUT_VARIABLE found
     RESULT_VARIABLE rc)

@@ -1,0 +1,244 @@
+#include "conv_call.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "autotune.hpp"
+#include "dlpack_intake.hpp"
+#include "errors.hpp"
+#include "plan_cache.hpp"
+#include "shim_library.hpp"
+
+namespace py = pybind11;
+
+namespace fdnn_core {
+
+namespace {
+
+// The user-facing names of the ABI's x, w, y, bias for each op, and which ones it writes.
+struct Roles {
+  const char* x;
+  const char* w;
+  const char* y;
+  const char* bias;
+  bool writes_x, writes_w, writes_y, writes_bias;
+};
+
+const Roles& roles_of(FDNN_ConvOp op) {
+  static const Roles forward{"x", "w", "out", "bias", false, false, true, false};
+  static const Roles backward_data{"out", "w", "dy", "bias", true, false, false, false};
+  static const Roles backward_weight{"x", "out", "dy", "bias_out", false, true, false, true};
+  if (op == FDNN_CONV_BACKWARD_DATA) return backward_data;
+  if (op == FDNN_CONV_BACKWARD_WEIGHT) return backward_weight;
+  return forward;
+}
+
+template <class T>
+void append(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+
+void append_tensor(std::string& key, const FDNN_DLTensor& t) {
+  append(key, t.ndim);
+  append(key, t.dtype);
+  key.append(reinterpret_cast<const char*>(t.shape), sizeof(int64_t) * std::max(t.ndim, 0));
+  key.append(reinterpret_cast<const char*>(t.strides), sizeof(int64_t) * std::max(t.ndim, 0));
+}
+
+std::string device_text(const FDNN_DLDevice& d) {
+  return "device type " + std::to_string(d.device_type) + " id " + std::to_string(d.device_id);
+}
+
+// Checks what the ABI promises the shim: same device and dtype everywhere, the shim's
+// device type, ranks, and writable outputs. The Python layer has said all this with better
+// words already; this is the last line, so that no caller of the core can break a shim.
+void check_operands(const ShimLibrary& shim, const ConvSpec& spec, const Roles& r,
+                    const BorrowedTensor& x, const BorrowedTensor& w, const BorrowedTensor& y,
+                    const BorrowedTensor& bias) {
+  const BorrowedTensor* all[] = {&x, &w, &y, &bias};
+  const char* names[] = {r.x, r.w, r.y, r.bias};
+  const bool written[] = {r.writes_x, r.writes_w, r.writes_y, r.writes_bias};
+  const FDNN_DLDevice device = x.desc().device;
+  if (device.device_type != shim.device_type())
+    throw py::value_error(std::string(r.x) + ": array is on " + device_text(device) +
+                          ", but shim '" + shim.name() + "' serves device type " +
+                          std::to_string(shim.device_type()));
+  for (int i = 0; i < 4; ++i) {
+    if (!all[i]->present()) continue;
+    const FDNN_DLTensor& t = all[i]->desc();
+    int want_ndim = i == 3 ? 1 : spec.spatial_rank + 2;
+    if (t.ndim != want_ndim)
+      throw py::value_error(std::string(names[i]) + ": expected " + std::to_string(want_ndim) +
+                            " dimensions, got " + std::to_string(t.ndim));
+    if (t.device.device_type != device.device_type || t.device.device_id != device.device_id)
+      throw py::value_error(std::string(names[i]) + " is on " + device_text(t.device) + " but " +
+                            r.x + " is on " + device_text(device));
+    if (std::memcmp(&t.dtype, &x.desc().dtype, sizeof t.dtype) != 0)
+      throw py::type_error(std::string(names[i]) + " and " + r.x + " have different dtypes");
+    if (written[i] && all[i]->read_only())
+      throw py::value_error(std::string(names[i]) + ": the array is read-only");
+  }
+}
+
+std::string plan_key(const ShimLibrary& shim, const ConvSpec& spec, const BorrowedTensor& x,
+                     const BorrowedTensor& w, const BorrowedTensor& y,
+                     const BorrowedTensor& bias) {
+  std::string key;
+  key.reserve(spec.key.size() + 256);
+  append(key, &shim);
+  append(key, x.desc().device.device_id);
+  key += spec.key;
+  append_tensor(key, x.desc());
+  append_tensor(key, w.desc());
+  append_tensor(key, y.desc());
+  if (bias.present()) append_tensor(key, bias.desc());
+  return key;
+}
+
+// The part of the key that names the same problem in another process (no pointers).
+std::string autotune_key(const ShimLibrary& shim, const std::string& plan_key_bytes,
+                         int32_t device_id) {
+  FDNN_Shim_Info_Args info = shim.info();
+  std::string key = shim.name() + '|' + (info.vendor_version_runtime ? info.vendor_version_runtime : "") +
+                    '|' + shim.device_name(device_id) + '|';
+  key.append(plan_key_bytes, sizeof(const ShimLibrary*), std::string::npos);
+  return key;
+}
+
+std::shared_ptr<Plan> create_plan(const ShimLibrary& shim, const ConvSpec& spec,
+                                  const BorrowedTensor& x, const BorrowedTensor& w,
+                                  const BorrowedTensor& y, const BorrowedTensor& bias,
+                                  const std::string& key, py::handle stream) {
+  static const FDNN_DLTensor no_tensor{};
+  FDNN_Conv_Plan_Create_Args a{};
+  a.struct_size = FDNN_Conv_Plan_Create_Args_STRUCT_SIZE;
+  a.op = spec.op;
+  a.spatial_rank = spec.spatial_rank;
+  a.x = &x.desc();
+  a.w = &w.desc();
+  a.y = &y.desc();
+  a.bias = bias.present() ? &bias.desc() : &no_tensor;
+  for (int i = 0; i < FDNN_MAX_SPATIAL_DIMS; ++i) {
+    a.stride[i] = spec.stride[i];
+    a.dilation[i] = spec.dilation[i];
+    a.padding_lo[i] = spec.padding_lo[i];
+    a.padding_hi[i] = spec.padding_hi[i];
+  }
+  a.groups = spec.groups;
+  a.alpha = spec.alpha;
+  a.beta = spec.beta;
+  a.activation = spec.activation;
+  a.activation_alpha = spec.activation_alpha;
+  a.activation_beta = spec.activation_beta;
+  a.flags = spec.flags;
+  a.algo_policy = spec.algo_policy;
+  a.algo_id = spec.algo_id;
+  a.workspace_limit = spec.workspace_limit;
+  a.stream = stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
+
+  std::string tune_key;
+  if (spec.algo_policy == FDNN_ALGO_BENCHMARK) {
+    tune_key = autotune_key(shim, key, x.desc().device.device_id);
+    if (auto known = autotune_store().lookup(tune_key)) {
+      a.algo_policy = FDNN_ALGO_GIVEN;
+      a.algo_id = *known;
+    }
+  }
+  FDNN_Error* error;
+  {
+    py::gil_scoped_release no_gil;
+    error = shim.api().Conv_Plan_Create(&a);
+  }
+  shim.check(error, "creating a plan");
+  auto plan = std::make_shared<Plan>(&shim, a);
+  if (spec.algo_policy == FDNN_ALGO_BENCHMARK && a.algo_policy == FDNN_ALGO_BENCHMARK)
+    autotune_store().record(tune_key, plan->algo_id);
+  return plan;
+}
+
+// A per-thread, grow-only scratch buffer for CPU shims: no call allocates once warm.
+void* cpu_workspace(size_t bytes) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer buffer;
+  if (bytes > buffer.size) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* fresh = std::aligned_alloc(64, rounded);
+    if (fresh == nullptr) throw std::bad_alloc();
+    std::free(buffer.data);
+    buffer.data = fresh;
+    buffer.size = rounded;
+  }
+  return buffer.data;
+}
+
+}  // namespace
+
+void ConvSpec::finish() {
+  key.clear();
+  append(key, op);
+  append(key, spatial_rank);
+  append(key, stride);
+  append(key, dilation);
+  append(key, padding_lo);
+  append(key, padding_hi);
+  append(key, groups);
+  append(key, alpha);
+  append(key, beta);
+  append(key, activation);
+  append(key, activation_alpha);
+  append(key, activation_beta);
+  append(key, flags);
+  append(key, algo_policy);
+  append(key, algo_id);
+  append(key, workspace_limit);
+}
+
+ConvResult run_conv(const ShimLibrary& shim, const ConvSpec& spec, py::handle x_array,
+                    py::handle w_array, py::handle y_array, py::handle bias_array,
+                    py::handle stream, py::handle workspace_alloc) {
+  const Roles& r = roles_of(spec.op);
+  BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
+  BorrowedTensor bias(bias_array, r.bias, stream);  // None: not present
+  check_operands(shim, spec, r, x, w, y, bias);
+
+  std::string key = plan_key(shim, spec, x, w, y, bias);
+  std::shared_ptr<Plan> plan = plan_cache().find(key);
+  if (!plan)
+    plan = plan_cache().insert(key, create_plan(shim, spec, x, w, y, bias, key, stream));
+
+  FDNN_Conv_Plan_Execute_Args e{};
+  e.struct_size = FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE;
+  e.plan = plan->handle;
+  e.x = x.first_element();
+  e.w = w.first_element();
+  e.y = y.first_element();
+  e.bias = bias.present() ? bias.first_element() : nullptr;
+  e.workspace_size = plan->workspace_size;
+  e.stream = stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
+  py::object workspace_array;  // keeps a GPU workspace alive until the work is enqueued
+  std::optional<BorrowedTensor> workspace;
+  if (plan->workspace_size > 0) {
+    if (workspace_alloc.is_none()) {
+      e.workspace = cpu_workspace(plan->workspace_size);
+    } else {
+      workspace_array = workspace_alloc(plan->workspace_size);
+      workspace.emplace(workspace_array, "workspace", stream);
+      e.workspace = workspace->first_element();
+    }
+  }
+  FDNN_Error* error;
+  {
+    py::gil_scoped_release no_gil;
+    error = shim.api().Conv_Plan_Execute(&e);
+  }
+  shim.check(error, "executing " + plan->algo_name);
+  return ConvResult{plan->workspace_size, plan->algo_id, plan->algo_name};
+}
+
+}  // namespace fdnn_core

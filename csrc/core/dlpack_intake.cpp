@@ -1,0 +1,128 @@
+#include "dlpack_intake.hpp"
+
+#include <string>
+#include <unordered_map>
+
+#include "errors.hpp"
+
+namespace py = pybind11;
+
+namespace fdnn_core {
+
+namespace {
+
+// DLPack's managed-tensor layouts (dlpack.h, v0.x and v1.x). The tensor part is FDNN_DLTensor,
+// which the ABI header declares layout-compatible with DLTensor.
+struct DLManagedTensor {
+  FDNN_DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+
+struct DLManagedTensorVersioned {
+  uint32_t version_major;
+  uint32_t version_minor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned* self);
+  uint64_t flags;
+  FDNN_DLTensor dl_tensor;
+};
+
+constexpr uint64_t kFlagReadOnly = 1ull << 0;
+constexpr const char* kCapsule = "dltensor";
+constexpr const char* kCapsuleVersioned = "dltensor_versioned";
+
+// Whether a type's __dlpack__ accepts max_version (DLPack >= 1.0 producers), learnt once per
+// type so the per-call path does not pay for a failed call.
+std::unordered_map<PyTypeObject*, bool>& versioned_support() {
+  static auto* known = new std::unordered_map<PyTypeObject*, bool>();
+  return *known;
+}
+
+py::object call_dlpack(py::handle array, const char* argname, py::handle stream) {
+  // Leaked on purpose: a static py::object would be released after the interpreter is gone.
+  static PyObject* max_version = py::make_tuple(1, 0).release().ptr();
+  py::object method = py::getattr(array, "__dlpack__", py::none());
+  if (method.is_none())
+    throw py::type_error(std::string(argname) + ": object of type " +
+                         std::string(py::str(py::type::handle_of(array).attr("__qualname__"))) +
+                         " does not support DLPack (it has no __dlpack__ method)");
+  py::dict kwargs;
+  if (!stream.is_none()) kwargs["stream"] = stream;
+  auto& known = versioned_support();
+  PyTypeObject* type = Py_TYPE(array.ptr());
+  auto it = known.find(type);
+  if (it == known.end() || it->second) {
+    kwargs["max_version"] = py::handle(max_version);
+    PyObject* capsule = PyObject_Call(method.ptr(), py::tuple().ptr(), kwargs.ptr());
+    if (capsule != nullptr) {
+      known[type] = true;
+      return py::reinterpret_steal<py::object>(capsule);
+    }
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
+    PyErr_Clear();  // a pre-1.0 producer: no max_version keyword
+    known[type] = false;
+    PyDict_DelItemString(kwargs.ptr(), "max_version");
+  }
+  PyObject* capsule = PyObject_Call(method.ptr(), py::tuple().ptr(), kwargs.ptr());
+  if (capsule == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(capsule);
+}
+
+}  // namespace
+
+BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle stream) {
+  if (array.is_none()) return;  // an absent optional operand
+  py::object capsule;
+  try {
+    capsule = call_dlpack(array, argname, stream);
+  } catch (py::error_already_set& e) {
+    if (e.matches(PyExc_BufferError))
+      throw py::value_error(std::string(argname) + ": the array cannot be exported through DLPack: " +
+                            std::string(py::str(e.value())));
+    throw;
+  }
+  PyObject* cap = capsule.ptr();
+  const FDNN_DLTensor* t = nullptr;
+  if (PyCapsule_IsValid(cap, kCapsuleVersioned)) {
+    auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, kCapsuleVersioned));
+    PyCapsule_SetName(cap, "used_dltensor_versioned");
+    managed_ = m;
+    deleter_ = reinterpret_cast<void (*)(void*)>(m->deleter);
+    read_only_ = (m->flags & kFlagReadOnly) != 0;
+    t = &m->dl_tensor;
+  } else if (PyCapsule_IsValid(cap, kCapsule)) {
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, kCapsule));
+    PyCapsule_SetName(cap, "used_dltensor");
+    managed_ = m;
+    deleter_ = reinterpret_cast<void (*)(void*)>(m->deleter);
+    t = &m->dl_tensor;
+  } else {
+    throw py::type_error(std::string(argname) + ": __dlpack__ did not return a DLPack capsule");
+  }
+  if (t->ndim < 0 || t->ndim > kMaxDims) {
+    release();
+    throw py::value_error(std::string(argname) + ": arrays of " + std::to_string(t->ndim) +
+                          " dimensions are not supported (at most " + std::to_string(kMaxDims) + ")");
+  }
+  desc_ = *t;
+  desc_.shape = shape_;
+  desc_.strides = strides_;
+  // NULL strides mean compact row-major (DLPack); the ABI wants them spelt out.
+  int64_t compact = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    shape_[i] = t->shape[i];
+    strides_[i] = t->strides ? t->strides[i] : compact;
+    compact *= t->shape[i];
+  }
+  present_ = true;
+}
+
+void BorrowedTensor::release() {
+  if (managed_ != nullptr && deleter_ != nullptr) deleter_(managed_);
+  managed_ = nullptr;
+}
+
+BorrowedTensor::~BorrowedTensor() { release(); }
+
+}  // namespace fdnn_core

@@ -1,0 +1,40 @@
+// A loaded shim: the dlopen handle, its ABI table, and its FDNN_Error conversion.
+#pragma once
+
+#include <string>
+
+#include "flux_dnn/flux_dnn.h"
+
+namespace fdnn_core {
+
+class ShimLibrary {
+ public:
+  // Loads the library at `path` and checks its ABI version. Throws ShimLoadError (a Python
+  // exception) with the reason. Shims are never unloaded: cached plans point into them.
+  static ShimLibrary* load(const std::string& path);
+
+  const FDNN_Api& api() const { return *api_; }
+  const std::string& path() const { return path_; }
+  const std::string& name() const { return name_; }
+  int32_t device_type() const { return device_type_; }
+
+  // Raises the Python exception that matches `error`'s code, adding `context`; frees error.
+  [[noreturn]] void raise_error(FDNN_Error* error, const std::string& context) const;
+  // Frees `error` if not NULL, raising it as above.
+  void check(FDNN_Error* error, const std::string& context) const {
+    if (error != nullptr) raise_error(error, context);
+  }
+
+  FDNN_Shim_Info_Args info() const;
+  std::string device_name(int32_t device_id) const;
+
+ private:
+  ShimLibrary(void* handle, const FDNN_Api* api, std::string path);
+  void* handle_;
+  const FDNN_Api* api_;
+  std::string path_;
+  std::string name_;
+  int32_t device_type_ = 0;
+};
+
+}  // namespace fdnn_core

@@ -1,0 +1,608 @@
+// The oneDNN shim: flux_dnn's ABI on oneDNN's CPU convolution primitives.
+//
+// A plan is one oneDNN convolution primitive (forward, backward-data or backward-weights)
+// created once, plus the reorders between the caller's strided layouts and the layouts the
+// primitive computes in, when those differ. Everything a call needs beyond the caller's
+// arrays -- oneDNN's scratchpad (user scratchpad mode) and the staging buffers of the
+// reorders -- lives in the caller's workspace, so a plan holds no mutable state, runs on
+// several threads at once, and no call allocates.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <unordered_map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "shim_common.hpp"
+
+using dnnl::memory;
+using fdnn_shim::fail;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// Engine, version, errors
+
+const char* status_text(dnnl_status_t s) {
+  switch (s) {
+    case dnnl_out_of_memory: return "dnnl_out_of_memory";
+    case dnnl_invalid_arguments: return "dnnl_invalid_arguments";
+    case dnnl_unimplemented: return "dnnl_unimplemented";
+    case dnnl_last_impl_reached: return "dnnl_last_impl_reached";
+    case dnnl_runtime_error: return "dnnl_runtime_error";
+    case dnnl_not_required: return "dnnl_not_required";
+    default: return "dnnl_error";
+  }
+}
+
+const char* isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx2_vnni_2: return "avx2_vnni_2";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_fp16: return "avx512_core_fp16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+    default: return "generic";
+  }
+}
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+const std::string& runtime_version() {
+  static const std::string text = [] {
+    const dnnl_version_t* v = dnnl_version();
+    return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+           std::to_string(v->patch);
+  }();
+  return text;
+}
+
+const std::string& device_name() {
+  static const std::string text =
+      std::string("x86-64 CPU, oneDNN ISA ") + isa_name(dnnl::get_effective_cpu_isa());
+  return text;
+}
+
+// Turns a dnnl::error into an FDNN failure with oneDNN's status and the conv parameters.
+[[noreturn]] void fail_vendor(const dnnl::error& e, const FDNN_Conv_Plan_Create_Args& a,
+                              const char* during) {
+  FDNN_ErrorCode code = FDNN_ERROR_VENDOR;
+  std::string hint;
+  if (e.status == dnnl_unimplemented) {
+    code = FDNN_ERROR_UNSUPPORTED;
+    hint = std::string(" (oneDNN has no implementation of this convolution for ") +
+           fdnn_shim::dtype_name(a.x->dtype) + " on this CPU, whose ISA is " +
+           isa_name(dnnl::get_effective_cpu_isa()) +
+           "; bfloat16 needs avx512_core or newer, float16 needs avx512_core_fp16)";
+  } else if (e.status == dnnl_out_of_memory) {
+    code = FDNN_ERROR_OUT_OF_MEMORY;
+  }
+  fail(code, "oneDNN %s failed: %s (%s)%s; %s", during, status_text(e.status), e.what(),
+       hint.c_str(), fdnn_shim::describe_problem(a).c_str());
+}
+
+// ------------------------------------------------------------------------------------------
+// Problem checks (what the ABI promises callers we verify; a bad problem never reaches oneDNN)
+
+memory::data_type to_dnnl(FDNN_DLDataType t) {
+  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 32) return memory::data_type::f32;
+  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 16) return memory::data_type::f16;
+  if (t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16) return memory::data_type::bf16;
+  return memory::data_type::undef;
+}
+
+void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim) {
+  if (!fdnn_shim::has_tensor(t) || t->ndim != ndim)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s must have %d dimensions", name, ndim);
+  if (t->device.device_type != FDNN_DEVICE_CPU)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s is not on the CPU", name);
+  for (int i = 0; i < ndim; ++i)
+    if (t->shape[i] < 1) fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has an empty dimension", name);
+}
+
+void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
+  const int n = a.spatial_rank;
+  if (n < 1 || n > FDNN_MAX_SPATIAL_DIMS)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "spatial_rank %d is not 1, 2 or 3", n);
+  check_tensor(a.x, "x", n + 2);
+  check_tensor(a.w, "w", n + 2);
+  check_tensor(a.y, "y", n + 2);
+  const memory::data_type dt = to_dnnl(a.x->dtype);
+  if (dt == memory::data_type::undef)
+    fail(FDNN_ERROR_UNSUPPORTED,
+         "oneDNN convolution supports float32, bfloat16 and float16, not %s (float64 has no "
+         "oneDNN convolution)",
+         fdnn_shim::dtype_name(a.x->dtype));
+  for (const FDNN_DLTensor* t : {a.w, a.y})
+    if (to_dnnl(t->dtype) != dt) fail(FDNN_ERROR_INVALID_ARGUMENT, "x, w and y dtypes differ");
+  if (a.compute_type.bits != 0 &&
+      !(a.compute_type.code == FDNN_DTYPE_FLOAT && a.compute_type.bits == 32))
+    fail(FDNN_ERROR_UNSUPPORTED, "oneDNN accumulates in float32 only");
+  const int64_t g = a.groups;
+  const int64_t N = a.x->shape[0], C = a.x->shape[1], K = a.w->shape[0];
+  if (g < 1 || C % g != 0 || K % g != 0 || a.w->shape[1] * g != C)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "channels do not fit groups: %s",
+         fdnn_shim::describe_problem(a).c_str());
+  if (a.y->shape[0] != N || a.y->shape[1] != K)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "y must be (N, K, ...): %s",
+         fdnn_shim::describe_problem(a).c_str());
+  for (int i = 0; i < n; ++i) {
+    const int64_t k = a.w->shape[2 + i], extent = a.dilation[i] * (k - 1) + 1;
+    const int64_t padded = a.x->shape[2 + i] + a.padding_lo[i] + a.padding_hi[i];
+    if (a.stride[i] < 1 || a.dilation[i] < 1 || a.padding_lo[i] < 0 || a.padding_hi[i] < 0 ||
+        padded < extent || (padded - extent) / a.stride[i] + 1 != a.y->shape[2 + i])
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "inconsistent spatial dim %d: %s", i,
+           fdnn_shim::describe_problem(a).c_str());
+  }
+  const bool has_bias = fdnn_shim::has_tensor(a.bias);
+  if (has_bias) {
+    if (a.op == FDNN_CONV_BACKWARD_DATA)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "backward_data takes no bias");
+    if (a.bias->ndim != 1 || a.bias->shape[0] != K || to_dnnl(a.bias->dtype) != dt)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "bias must be (K,) = (%lld,) of the input dtype",
+           static_cast<long long>(K));
+  }
+  if (a.activation != FDNN_ACTIVATION_NONE && a.op != FDNN_CONV_FORWARD)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "an activation is fused into forward only");
+  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 2))
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "algo_id %lld is not a oneDNN shim algorithm (0, 1, 2)",
+         static_cast<long long>(a.algo_id));
+}
+
+// ------------------------------------------------------------------------------------------
+// Memory descriptors
+
+memory::dims dims_of(const FDNN_DLTensor* t) { return memory::dims(t->shape, t->shape + t->ndim); }
+memory::dims strides_of(const FDNN_DLTensor* t) {
+  return memory::dims(t->strides, t->strides + t->ndim);
+}
+
+// The caller's weights (K, C/g, *k) seen as oneDNN's grouped weights (g, K/g, C/g, *k).
+memory::desc weights_md(const FDNN_DLTensor* w, int64_t groups, memory::data_type dt) {
+  memory::dims dims = dims_of(w), strides = strides_of(w);
+  if (groups == 1) return memory::desc(dims, dt, strides);
+  dims[0] /= groups;
+  dims.insert(dims.begin(), groups);
+  strides.insert(strides.begin(), strides[0] * dims[1]);
+  return memory::desc(dims, dt, strides);
+}
+
+memory::desc any_like(const memory::desc& md) {
+  return memory::desc(md.get_dims(), md.get_data_type(), memory::format_tag::any);
+}
+
+// Layout policies, the algorithms of this shim (FDNN algo ids).
+enum Layouts : int64_t {
+  kUserLayouts = 0,    // compute in the caller's layouts: no reorder at all
+  kVendorWeights = 1,  // caller's activation layouts, weights in oneDNN's preferred layout
+  kVendorLayouts = 2,  // all in oneDNN's preferred (blocked) layouts, reorders around
+};
+const char* layouts_name(int64_t l) {
+  return l == kUserLayouts ? "user layouts" : l == kVendorWeights ? "vendor weights" : "vendor layouts";
+}
+
+// ------------------------------------------------------------------------------------------
+// The plan
+
+// One operand of the primitive. When the primitive's layout differs from the caller's, or
+// the output needs alpha/beta applied by a reorder, it is staged through the workspace.
+struct Operand {
+  int arg = 0;       // DNNL_ARG_* of the convolution primitive
+  int slot = 0;      // 0 x, 1 w, 2 y, 3 bias: which caller pointer
+  bool output = false;
+  memory::desc user_md, prim_md;
+  bool staged = false;
+  size_t offset = 0;         // of the staging buffer in the workspace
+  dnnl::primitive reorder;   // input: user -> staging; output: staging -> user
+  bool reorder_scaled = false;  // the reorder applies alpha through a source scale
+};
+
+struct Plan {
+  dnnl::primitive conv;
+  std::vector<Operand> operands;
+  size_t scratchpad_size = 0;
+  size_t workspace_size = 0;
+  float alpha = 1.f;
+  int64_t algo_id = 0;
+  std::string name;
+};
+
+// The problem in oneDNN's terms, shared by every layout policy.
+struct Problem {
+  const FDNN_Conv_Plan_Create_Args* args;
+  memory::data_type dt;
+  memory::desc x, w, y, bias;
+  memory::dims strides, dilates, pad_lo, pad_hi;
+};
+
+Problem describe(const FDNN_Conv_Plan_Create_Args& a) {
+  Problem p;
+  p.args = &a;
+  p.dt = to_dnnl(a.x->dtype);
+  p.x = memory::desc(dims_of(a.x), p.dt, strides_of(a.x));
+  p.w = weights_md(a.w, a.groups, p.dt);
+  p.y = memory::desc(dims_of(a.y), p.dt, strides_of(a.y));
+  if (fdnn_shim::has_tensor(a.bias)) p.bias = memory::desc(dims_of(a.bias), p.dt, strides_of(a.bias));
+  for (int i = 0; i < a.spatial_rank; ++i) {
+    p.strides.push_back(a.stride[i]);
+    p.dilates.push_back(a.dilation[i] - 1);  // oneDNN counts the gaps
+    p.pad_lo.push_back(a.padding_lo[i]);
+    p.pad_hi.push_back(a.padding_hi[i]);
+  }
+  return p;
+}
+
+dnnl::algorithm eltwise_of(FDNN_Activation act) {
+  switch (act) {
+    case FDNN_ACTIVATION_RELU:
+    case FDNN_ACTIVATION_LEAKY_RELU: return dnnl::algorithm::eltwise_relu;
+    case FDNN_ACTIVATION_CLIP: return dnnl::algorithm::eltwise_clip;
+    case FDNN_ACTIVATION_SIGMOID: return dnnl::algorithm::eltwise_logistic;
+    case FDNN_ACTIVATION_TANH: return dnnl::algorithm::eltwise_tanh;
+    case FDNN_ACTIVATION_GELU_TANH: return dnnl::algorithm::eltwise_gelu_tanh;
+    case FDNN_ACTIVATION_GELU_ERF: return dnnl::algorithm::eltwise_gelu_erf;
+    case FDNN_ACTIVATION_SILU: return dnnl::algorithm::eltwise_swish;
+    default: fail(FDNN_ERROR_INVALID_ARGUMENT, "unknown activation %d", static_cast<int>(act));
+  }
+}
+
+// The forward epilogue as post-ops: alpha, then the activation, then beta accumulation
+// (the latter only when the output is not staged; a staged output accumulates in its reorder).
+dnnl::post_ops forward_post_ops(const FDNN_Conv_Plan_Create_Args& a, bool output_staged) {
+  dnnl::post_ops ops;
+  if (a.alpha != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, a.alpha, 0.f);
+  if (a.activation != FDNN_ACTIVATION_NONE) {
+    float alpha = a.activation == FDNN_ACTIVATION_LEAKY_RELU || a.activation == FDNN_ACTIVATION_CLIP
+                      ? a.activation_alpha : 0.f;
+    float beta = a.activation == FDNN_ACTIVATION_CLIP ? a.activation_beta
+                 : a.activation == FDNN_ACTIVATION_SILU ? 1.f : 0.f;
+    ops.append_eltwise(eltwise_of(a.activation), alpha, beta);
+  }
+  if (a.beta != 0.f && !output_staged) ops.append_sum(a.beta);
+  return ops;
+}
+
+dnnl::primitive_attr base_attr(const FDNN_Conv_Plan_Create_Args& a) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  // Reduced precision lets oneDNN compute fp32 convolutions in bf16 (AMX, AVX512-BF16).
+  if ((a.flags & FDNN_CONV_ALLOW_REDUCED_PRECISION) && to_dnnl(a.x->dtype) == memory::data_type::f32)
+    attr.set_fpmath_mode(dnnl::fpmath_mode::bf16);
+  return attr;
+}
+
+dnnl::convolution_forward::primitive_desc forward_pd(const Problem& p, const memory::desc& x,
+                                                     const memory::desc& w,
+                                                     const memory::desc& y,
+                                                     const dnnl::primitive_attr& attr,
+                                                     dnnl::prop_kind kind) {
+  const memory::desc no_bias;
+  const bool bias = p.args->op == FDNN_CONV_FORWARD && !p.bias.is_zero();
+  return dnnl::convolution_forward::primitive_desc(
+      cpu_engine(), kind, dnnl::algorithm::convolution_direct, x, w, bias ? p.bias : no_bias, y,
+      p.strides, p.dilates, p.pad_lo, p.pad_hi, attr);
+}
+
+// Makes the primitive and its operands for one layout policy; `output_staged` says whether the written operand goes through the workspace.
+void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan& plan) {
+  const FDNN_Conv_Plan_Create_Args& a = *p.args;
+  const bool vendor_act = layouts == kVendorLayouts;
+  const bool vendor_w = layouts != kUserLayouts;
+  memory::desc x = vendor_act ? any_like(p.x) : p.x;
+  memory::desc w = vendor_w ? any_like(p.w) : p.w;
+  memory::desc y = vendor_act ? any_like(p.y) : p.y;
+  dnnl::primitive_attr attr = base_attr(a);
+  plan.operands.clear();
+  auto add = [&](int arg, int slot, bool output, const memory::desc& user,
+                 const memory::desc& prim) {
+    Operand o;
+    o.arg = arg;
+    o.slot = slot;
+    o.output = output;
+    o.user_md = user;
+    o.prim_md = prim;
+    plan.operands.push_back(o);
+  };
+  if (a.op == FDNN_CONV_FORWARD) {
+    attr.set_post_ops(forward_post_ops(a, output_staged));
+    auto pd = forward_pd(p, x, w, y, attr, dnnl::prop_kind::forward_inference);
+    plan.conv = dnnl::convolution_forward(pd);
+    plan.scratchpad_size = pd.scratchpad_desc().get_size();
+    plan.name = pd.impl_info_str();
+    add(DNNL_ARG_SRC, 0, false, p.x, pd.src_desc());
+    add(DNNL_ARG_WEIGHTS, 1, false, p.w, pd.weights_desc());
+    add(DNNL_ARG_DST, 2, true, p.y, pd.dst_desc());
+    if (!p.bias.is_zero()) add(DNNL_ARG_BIAS, 3, false, p.bias, p.bias);
+  } else if (a.op == FDNN_CONV_BACKWARD_DATA) {
+    auto hint = forward_pd(p, x, w, y, base_attr(a), dnnl::prop_kind::forward_training);
+    auto pd = dnnl::convolution_backward_data::primitive_desc(
+        cpu_engine(), dnnl::algorithm::convolution_direct, x, w, y, p.strides, p.dilates,
+        p.pad_lo, p.pad_hi, hint, attr);
+    plan.conv = dnnl::convolution_backward_data(pd);
+    plan.scratchpad_size = pd.scratchpad_desc().get_size();
+    plan.name = pd.impl_info_str();
+    add(DNNL_ARG_DIFF_DST, 2, false, p.y, pd.diff_dst_desc());
+    add(DNNL_ARG_WEIGHTS, 1, false, p.w, pd.weights_desc());
+    add(DNNL_ARG_DIFF_SRC, 0, true, p.x, pd.diff_src_desc());
+  } else {
+    auto hint = forward_pd(p, x, w, y, base_attr(a), dnnl::prop_kind::forward_training);
+    const memory::desc bias = p.bias;  // plain; zero desc when absent
+    auto pd = dnnl::convolution_backward_weights::primitive_desc(
+        cpu_engine(), dnnl::algorithm::convolution_direct, x, w, bias, y, p.strides, p.dilates,
+        p.pad_lo, p.pad_hi, hint, attr);
+    plan.conv = dnnl::convolution_backward_weights(pd);
+    plan.scratchpad_size = pd.scratchpad_desc().get_size();
+    plan.name = pd.impl_info_str();
+    add(DNNL_ARG_SRC, 0, false, p.x, pd.src_desc());
+    add(DNNL_ARG_DIFF_DST, 2, false, p.y, pd.diff_dst_desc());
+    add(DNNL_ARG_DIFF_WEIGHTS, 1, true, p.w, pd.diff_weights_desc());
+    if (!bias.is_zero()) add(DNNL_ARG_DIFF_BIAS, 3, true, p.bias, pd.diff_bias_desc());
+  }
+}
+
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+// Creates the reorders and places the staging buffers after the scratchpad.
+void stage_operands(const FDNN_Conv_Plan_Create_Args& a, bool outputs_accumulate, Plan& plan) {
+  size_t offset = align64(plan.scratchpad_size);
+  for (Operand& o : plan.operands) {
+    const bool relayout = o.prim_md != o.user_md;
+    o.staged = relayout || (o.output && outputs_accumulate);
+    if (!o.staged) continue;
+    o.offset = offset;
+    offset += align64(o.prim_md.get_size());
+    if (!o.output) {
+      o.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), o.user_md,
+                                                              cpu_engine(), o.prim_md));
+      continue;
+    }
+    // Output: staging -> caller, applying what the primitive could not: alpha for the
+    // backward ops (forward has it in its post-ops) and beta accumulation.
+    dnnl::primitive_attr attr;
+    o.reorder_scaled = a.op != FDNN_CONV_FORWARD && a.alpha != 1.f;
+    if (o.reorder_scaled) attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    if (a.beta != 0.f) {
+      dnnl::post_ops ops;
+      ops.append_sum(a.beta);
+      attr.set_post_ops(ops);
+    }
+    o.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), o.prim_md,
+                                                            cpu_engine(), o.user_md, attr));
+  }
+  plan.workspace_size = offset;
+}
+
+// Whether a layout policy computes this problem in a fast (JIT) kernel in the caller's
+// activation layout. oneDNN's plain-layout fallbacks are "gemm" (im2col) and "ref".
+bool is_fast_kernel(const std::string& impl) {
+  return impl.find("ref") == std::string::npos && impl.find("gemm") == std::string::npos;
+}
+
+Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Layouts layouts) {
+  const Problem p = describe(a);
+  // Backward ops have no post-ops in oneDNN: alpha and beta go through a staged output.
+  const bool outputs_accumulate =
+      a.op == FDNN_CONV_FORWARD ? false : (a.beta != 0.f || a.alpha != 1.f);
+  Plan plan;
+  plan.alpha = a.alpha;
+  plan.algo_id = layouts;
+  build_primitive(p, layouts, outputs_accumulate, plan);
+  // A forward output relaid out by a reorder cannot take the conv's sum post-op (it would
+  // read the staging buffer): rebuild with beta moved to the reorder.
+  bool forward_staged = a.op == FDNN_CONV_FORWARD && plan.operands[2].prim_md != p.y;
+  if (forward_staged && a.beta != 0.f) build_primitive(p, layouts, true, plan);
+  stage_operands(a, outputs_accumulate || (forward_staged && a.beta != 0.f), plan);
+  plan.name += std::string(" (") + layouts_name(layouts) + ")";
+  return plan;
+}
+
+// Heuristic: the caller's own layouts when oneDNN has a JIT kernel for them (channels-last,
+// and most 1x1 problems), else oneDNN's preferred layouts with reorders around the primitive.
+Plan heuristic_plan(const FDNN_Conv_Plan_Create_Args& a) {
+  for (Layouts l : {kUserLayouts, kVendorWeights}) {
+    try {
+      Plan plan = make_plan(a, l);
+      if (is_fast_kernel(plan.name)) return plan;
+    } catch (const dnnl::error& e) {
+      if (e.status != dnnl_unimplemented) throw;
+    }
+  }
+  return make_plan(a, kVendorLayouts);
+}
+
+// ------------------------------------------------------------------------------------------
+// Execution
+
+thread_local dnnl::stream* tls_stream = nullptr;
+dnnl::stream& cpu_stream() {
+  if (tls_stream == nullptr) tls_stream = new dnnl::stream(cpu_engine());
+  return *tls_stream;
+}
+
+void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
+  dnnl::stream& s = cpu_stream();
+  std::unordered_map<int, memory> args;
+  if (plan.scratchpad_size > 0)
+    args[DNNL_ARG_SCRATCHPAD] =
+        memory(memory::desc({static_cast<memory::dim>(plan.scratchpad_size)}, memory::data_type::u8,
+                            memory::format_tag::a),
+               cpu_engine(), workspace);
+  for (const Operand& o : plan.operands) {
+    if (pointers[o.slot] == nullptr)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs is NULL");
+    if (!o.staged) {
+      args[o.arg] = memory(o.user_md, cpu_engine(), pointers[o.slot]);
+      continue;
+    }
+    memory staging(o.prim_md, cpu_engine(), workspace + o.offset);
+    args[o.arg] = staging;
+    if (!o.output)
+      o.reorder.execute(s, {{DNNL_ARG_FROM, memory(o.user_md, cpu_engine(), pointers[o.slot])},
+                            {DNNL_ARG_TO, staging}});
+  }
+  plan.conv.execute(s, args);
+  for (const Operand& o : plan.operands) {
+    if (!o.staged || !o.output) continue;
+    std::unordered_map<int, memory> r{
+        {DNNL_ARG_FROM, args[o.arg]},
+        {DNNL_ARG_TO, memory(o.user_md, cpu_engine(), pointers[o.slot])}};
+    if (o.reorder_scaled)
+      r[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] =
+          memory(memory::desc({1}, memory::data_type::f32, memory::format_tag::a), cpu_engine(),
+                 const_cast<float*>(&plan.alpha));
+    o.reorder.execute(s, r);
+  }
+  s.wait();
+}
+
+// ------------------------------------------------------------------------------------------
+// The ABI table
+
+FDNN_Error* shim_info(FDNN_Shim_Info_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Shim_Info_Args_STRUCT_SIZE, "Shim_Info");
+    static const std::string built = std::to_string(DNNL_VERSION_MAJOR) + "." +
+                                     std::to_string(DNNL_VERSION_MINOR) + "." +
+                                     std::to_string(DNNL_VERSION_PATCH);
+    args->shim_name = "onednn";
+    args->vendor_name = "oneDNN";
+    args->vendor_version_built = built.c_str();
+    args->vendor_version_runtime = runtime_version().c_str();
+    args->device_type = FDNN_DEVICE_CPU;
+    args->num_devices = 1;
+    args->unavailable_reason = nullptr;
+  });
+}
+
+FDNN_Error* device_describe(FDNN_Device_Describe_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Device_Describe_Args_STRUCT_SIZE, "Device_Describe");
+    if (args->device_id != 0)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "the oneDNN shim has one device (0), not %d",
+           args->device_id);
+    args->name = device_name().c_str();
+  });
+}
+
+double time_plan(const Plan& plan, const FDNN_Conv_Plan_Create_Args& a);
+
+FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE, "Conv_Plan_Create");
+    const FDNN_Conv_Plan_Create_Args& a = *args;
+    check_problem(a);
+    Plan plan;
+    try {
+      if (a.algo_policy == FDNN_ALGO_GIVEN) {
+        plan = make_plan(a, static_cast<Layouts>(a.algo_id));
+      } else if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
+        double best = 0;
+        for (Layouts l : {kUserLayouts, kVendorWeights, kVendorLayouts}) {
+          try {
+            Plan candidate = make_plan(a, l);
+            if (candidate.workspace_size > a.workspace_limit) continue;
+            double t = time_plan(candidate, a);
+            if (plan.name.empty() || t < best) {
+              best = t;
+              plan = std::move(candidate);
+            }
+          } catch (const dnnl::error& e) {
+            if (e.status != dnnl_unimplemented) throw;
+          }
+        }
+        if (plan.name.empty()) plan = make_plan(a, kUserLayouts);  // reports oneDNN's error
+      } else {
+        plan = heuristic_plan(a);
+      }
+    } catch (const dnnl::error& e) {
+      fail_vendor(e, a, "primitive creation");
+    }
+    if (plan.workspace_size > a.workspace_limit && a.workspace_limit != SIZE_MAX) {
+      Plan lean = make_plan(a, kUserLayouts);  // staging buffers are what costs
+      if (lean.workspace_size <= plan.workspace_size) plan = std::move(lean);
+    }
+    auto* owned = new Plan(std::move(plan));
+    args->plan = reinterpret_cast<FDNN_Plan*>(owned);
+    args->workspace_size = owned->workspace_size;
+    args->chosen_algo_id = owned->algo_id;
+    args->algo_name = owned->name.c_str();
+  });
+}
+
+// Times a candidate on zero-filled buffers of the problem's sizes (benchmark policy).
+double time_plan(const Plan& plan, const FDNN_Conv_Plan_Create_Args& a) {
+  auto bytes_of = [](const FDNN_DLTensor* t) {
+    if (!fdnn_shim::has_tensor(t)) return size_t{0};
+    size_t span = 1;  // elements from the first to one past the last
+    for (int i = 0; i < t->ndim; ++i) span += static_cast<size_t>(t->shape[i] - 1) * t->strides[i];
+    return span * t->dtype.bits / 8;
+  };
+  std::vector<std::vector<char>> buffers;
+  void* pointers[4];
+  const FDNN_DLTensor* tensors[4] = {a.x, a.w, a.y, a.bias};
+  for (int i = 0; i < 4; ++i) {
+    buffers.emplace_back(std::max<size_t>(bytes_of(tensors[i]), 64), 0);
+    pointers[i] = buffers.back().data();
+  }
+  std::vector<char> workspace(std::max<size_t>(plan.workspace_size, 64));
+  using clock = std::chrono::steady_clock;
+  execute_plan(plan, pointers, workspace.data());  // warm up
+  double best = 1e30;
+  for (int run = 0; run < 3; ++run) {
+    auto t0 = clock::now();
+    execute_plan(plan, pointers, workspace.data());
+    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+  }
+  return best;
+}
+
+FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE, "Conv_Plan_Execute");
+    const Plan& plan = *reinterpret_cast<const Plan*>(args->plan);
+    if (args->workspace_size < plan.workspace_size ||
+        (plan.workspace_size > 0 && args->workspace == nullptr))
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "workspace of %zu bytes is smaller than the %zu needed",
+           args->workspace_size, plan.workspace_size);
+    void* const pointers[4] = {args->x, args->w, args->y, args->bias};
+    try {
+      execute_plan(plan, pointers, static_cast<char*>(args->workspace));
+    } catch (const dnnl::error& e) {
+      fail(FDNN_ERROR_VENDOR, "oneDNN execution of %s failed: %s (%s)", plan.name.c_str(),
+           status_text(e.status), e.what());
+    }
+  });
+}
+
+void plan_destroy(FDNN_Plan_Destroy_Args* args) {
+  if (args != nullptr) delete reinterpret_cast<Plan*>(args->plan);
+}
+
+const FDNN_Api kApi = {
+    FDNN_Api_STRUCT_SIZE,
+    FDNN_ABI_MAJOR,
+    FDNN_ABI_MINOR,
+    fdnn_shim::error_destroy,
+    fdnn_shim::error_describe,
+    shim_info,
+    device_describe,
+    plan_create,
+    plan_execute,
+    plan_destroy,
+};
+
+}  // namespace
+
+extern "C" FDNN_EXPORT const FDNN_Api* fdnn_get_api(void) { return &kApi; }

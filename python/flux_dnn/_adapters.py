@@ -1,0 +1,199 @@
+"""Per-library knowledge: how to read an array's shape, dtype and strides, how to allocate an
+output in the array's own library on its own device, and which stream is current there.
+Each library keeps to its own small class; unknown libraries go through the array API."""
+
+from __future__ import annotations
+
+CPU = 1
+CUDA = 2
+
+
+def is_channels_last(shape: tuple, strides) -> bool:
+    """Whether element strides are channels-last (N, *spatial, C) rather than contiguous."""
+    if strides is None or len(shape) < 3:
+        return False
+
+    def compact(order):
+        out, step = [0] * len(shape), 1
+        for d in reversed(order):
+            out[d] = step
+            step *= shape[d]
+        return out
+
+    def same(a, b):  # strides of size-1 dims never matter
+        return all(s == 1 or x == y for s, x, y in zip(shape, a, b))
+
+    nd = len(shape)
+    channels_last = compact([0, *range(2, nd), 1])
+    return same(strides, channels_last) and not same(strides, compact(list(range(nd))))
+
+
+def _channels_last_empty(empty, shape, **kw):
+    """Allocate (N, *spatial, C) and view it as (N, C, *spatial)."""
+    n = len(shape)
+    buf = empty((shape[0], *shape[2:], shape[1]), **kw)
+    return buf, (0, n - 1, *range(1, n - 1))
+
+
+class ArrayAPIAdapter:
+    """Any array with __dlpack__ and the array API (__array_namespace__)."""
+
+    name = "array-api"
+
+    def export(self, a):
+        return a  # the object whose __dlpack__ the core calls
+
+    def device(self, a) -> tuple:
+        dev = a.__dlpack_device__()
+        return (int(dev[0]), int(dev[1]))
+
+    def shape(self, a) -> tuple:
+        return tuple(a.shape)
+
+    def dtype_name(self, a) -> str:
+        return str(a.dtype).rsplit(".", 1)[-1]
+
+    def strides(self, a):
+        return None  # unknown: outputs are allocated contiguous
+
+    def namespace(self, a):
+        return a.__array_namespace__()
+
+    def empty(self, like, shape, channels_last):
+        xp = self.namespace(like)
+        if channels_last:
+            buf, perm = _channels_last_empty(xp.empty, shape, dtype=like.dtype, device=like.device)
+            return xp.permute_dims(buf, perm)
+        return xp.empty(shape, dtype=like.dtype, device=like.device)
+
+    def stream(self, like):
+        # For a bare DLPack GPU array, the legacy default stream (DLPack's stream=1) is the
+        # one both sides agree on without knowing each other.
+        return None if self.device(like)[0] == CPU else 1
+
+    def workspace(self, like, nbytes):
+        xp = self.namespace(like)
+        return xp.empty((nbytes,), dtype=xp.uint8, device=like.device)
+
+
+class NumpyAdapter(ArrayAPIAdapter):
+    name = "numpy"
+
+    def device(self, a):
+        return (CPU, 0)
+
+    def dtype_name(self, a):
+        return a.dtype.name
+
+    def strides(self, a):
+        item = a.itemsize
+        return tuple(s // item for s in a.strides) if all(s % item == 0 for s in a.strides) else None
+
+    def empty(self, like, shape, channels_last):
+        import numpy as np
+
+        if channels_last:
+            buf, perm = _channels_last_empty(np.empty, shape, dtype=like.dtype)
+            return buf.transpose(perm)
+        return np.empty(shape, dtype=like.dtype)
+
+    def stream(self, like):
+        return None
+
+
+class TorchAdapter(ArrayAPIAdapter):
+    name = "torch"
+
+    def export(self, a):
+        return a.detach() if a.requires_grad else a
+
+    def device(self, a):
+        dev = a.device
+        if dev.type == "cpu":
+            return (CPU, 0)
+        return tuple(int(v) for v in a.__dlpack_device__())
+
+    def dtype_name(self, a):
+        return str(a.dtype).replace("torch.", "")
+
+    def strides(self, a):
+        return tuple(a.stride())
+
+    def empty(self, like, shape, channels_last):
+        import torch
+
+        if channels_last:
+            buf, perm = _channels_last_empty(torch.empty, shape, dtype=like.dtype, device=like.device)
+            return buf.permute(perm)
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+    def stream(self, like):
+        if like.device.type == "cpu":
+            return None
+        import torch
+
+        return torch.cuda.current_stream(like.device).cuda_stream
+
+    def workspace(self, like, nbytes):
+        import torch
+
+        return torch.empty((nbytes,), dtype=torch.uint8, device=like.device)
+
+
+class CupyAdapter(ArrayAPIAdapter):
+    name = "cupy"
+
+    def device(self, a):
+        return (CUDA, int(a.device.id))
+
+    def dtype_name(self, a):
+        return a.dtype.name
+
+    def strides(self, a):
+        return tuple(s // a.itemsize for s in a.strides)
+
+    def empty(self, like, shape, channels_last):
+        import cupy
+
+        with like.device:
+            if channels_last:
+                buf, perm = _channels_last_empty(cupy.empty, shape, dtype=like.dtype)
+                return buf.transpose(perm)
+            return cupy.empty(shape, dtype=like.dtype)
+
+    def stream(self, like):
+        import cupy
+
+        with like.device:
+            return cupy.cuda.get_current_stream().ptr or 1  # 0 means legacy default: say 1
+
+    def workspace(self, like, nbytes):
+        import cupy
+
+        with like.device:
+            return cupy.empty((nbytes,), dtype=cupy.uint8)
+
+
+_BY_MODULE = {"numpy": NumpyAdapter(), "torch": TorchAdapter(), "cupy": CupyAdapter()}
+_GENERIC = ArrayAPIAdapter()
+_BY_TYPE: dict = {}
+
+
+def adapter_for(a, argname: str):
+    """The adapter for an array's type; TypeError naming the argument if it has no DLPack."""
+    t = type(a)
+    adapter = _BY_TYPE.get(t)
+    if adapter is not None:
+        return adapter
+    root = t.__module__.split(".", 1)[0]
+    adapter = _BY_MODULE.get(root)
+    if adapter is None:
+        if not hasattr(a, "__dlpack__") or not hasattr(a, "__dlpack_device__"):
+            raise TypeError(
+                f"{argname}: expected an array that supports DLPack (__dlpack__ and "
+                f"__dlpack_device__), such as a NumPy, CuPy, PyTorch or JAX array; got {t.__module__}.{t.__qualname__}")
+        adapter = _GENERIC
+    if not hasattr(a, "__dlpack__"):
+        raise TypeError(f"{argname}: expected an array that supports DLPack, got {t.__module__}.{t.__qualname__}")
+    _BY_TYPE[t] = adapter
+    return adapter

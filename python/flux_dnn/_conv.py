@@ -1,0 +1,320 @@
+"""The convolution API: argument rules, output shapes, dispatch to the shim of the arrays'
+device, and the per-call fast path.
+
+Every argument is checked here, before any vendor call, and a bad one raises ValueError or
+TypeError naming the argument, its value and the rule. A validated call pattern (shapes,
+dtypes, devices, layout, parameters) is remembered, so a repeated call costs a dict lookup,
+an output allocation and one call into the core, whose plan cache holds the vendor plan.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import NamedTuple, Optional
+
+from . import _core
+from ._adapters import adapter_for, is_channels_last
+from ._discovery import REGISTRY, device_name
+
+FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT = 0, 1, 2
+_SPATIAL = {1: "W", 2: "H, W", 3: "D, H, W"}
+_KERNEL = {1: "S", 2: "R, S", 3: "T, R, S"}
+
+ACTIVATIONS = {
+    # name: (ABI code, number of parameters)
+    "relu": (1, 0),
+    "leaky_relu": (2, 1),  # ("leaky_relu", negative_slope)
+    "clip": (3, 2),  # ("clip", lo, hi); ("clip", 0, 6) is relu6
+    "sigmoid": (4, 0),
+    "tanh": (5, 0),
+    "gelu_tanh": (6, 0),
+    "gelu": (7, 0),  # exact (erf)
+    "silu": (8, 0),
+}
+
+_ALGORITHMS = {"heuristic": 0, "benchmark": 1}
+_DETERMINISTIC, _REDUCED_PRECISION = 1, 2
+# Reduced precision by default where PyTorch allows it for convolutions by default
+# (torch.backends.cudnn.allow_tf32 is True: TF32 on NVIDIA); never on CPUs.
+_REDUCED_PRECISION_DEFAULT = {2: True}
+
+_MEMO_LIMIT = 4096
+_memo: dict = {}
+
+
+# ------------------------------------------------------------------------------------------
+# Argument rules
+
+
+def _int(value, name: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {value!r}") from None
+
+
+def _ints(value, nd: int, name: str, minimum: int) -> tuple:
+    """An int or a sequence of nd ints, each >= minimum."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != nd:
+            raise ValueError(f"{name}: expected an int or {nd} ints for a {nd}-D convolution, got {value!r}")
+        out = tuple(_int(v, name) for v in value)
+    else:
+        out = (_int(value, name),) * nd
+    if any(v < minimum for v in out):
+        raise ValueError(f"{name}: every value must be >= {minimum}, got {value!r}")
+    return out
+
+
+def _padding(padding, nd: int, stride: tuple, dilation: tuple, kernel: tuple) -> tuple:
+    """(lo, hi) per spatial dim from an int, nd ints, nd (lo, hi) pairs, 'same' or 'valid'."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0,) * nd, (0,) * nd
+        if padding == "same":
+            if any(s != 1 for s in stride):
+                raise ValueError(f"padding: 'same' needs stride 1 (as in PyTorch), got stride {stride}")
+            total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+            lo = tuple(t // 2 for t in total)
+            return lo, tuple(t - l for t, l in zip(total, lo))
+        raise ValueError(f"padding: expected an int, a tuple, per-side pairs, 'same' or 'valid', got {padding!r}")
+    if isinstance(padding, (list, tuple)) and padding and all(isinstance(p, (list, tuple)) for p in padding):
+        if len(padding) != nd or any(len(p) != 2 for p in padding):
+            raise ValueError(f"padding: per-side padding needs {nd} (lo, hi) pairs, got {padding!r}")
+        lo = tuple(_int(p[0], "padding") for p in padding)
+        hi = tuple(_int(p[1], "padding") for p in padding)
+    else:
+        lo = hi = _ints(padding, nd, "padding", minimum=-(1 << 62))
+    if any(v < 0 for v in lo + hi):
+        raise ValueError(f"padding: must be >= 0, got {padding!r}")
+    return lo, hi
+
+
+def _activation(activation) -> tuple:
+    """(code, alpha, beta) from None, a name, or (name, *params)."""
+    if activation is None:
+        return 0, 0.0, 0.0
+    name, params = (activation, ()) if isinstance(activation, str) else (activation[0], tuple(activation[1:]))
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation: unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+    code, count = ACTIVATIONS[name]
+    if len(params) not in ((count,) if name != "leaky_relu" else (0, 1)):
+        raise ValueError(f"activation: {name!r} takes {count} parameter(s), got {activation!r}")
+    if name == "leaky_relu" and not params:
+        params = (0.01,)  # PyTorch's default negative_slope
+    values = [float(p) for p in params] + [0.0, 0.0]
+    return code, values[0], values[1]
+
+
+def _flags(deterministic, allow_reduced_precision, device_type: int) -> int:
+    if allow_reduced_precision is None:
+        allow_reduced_precision = _REDUCED_PRECISION_DEFAULT.get(device_type, False)
+    return (_DETERMINISTIC if deterministic else 0) | (_REDUCED_PRECISION if allow_reduced_precision else 0)
+
+
+def _algorithm(algorithm) -> tuple:
+    if isinstance(algorithm, str):
+        if algorithm not in _ALGORITHMS:
+            raise ValueError(f"algorithm: expected 'heuristic', 'benchmark' or an algorithm id, got {algorithm!r}")
+        return _ALGORITHMS[algorithm], 0
+    return 2, _int(algorithm, "algorithm")
+
+
+def conv_output_size(size: int, kernel: int, stride: int, dilation: int, lo: int, hi: int) -> int:
+    return (size + lo + hi - dilation * (kernel - 1) - 1) // stride + 1
+
+
+# ------------------------------------------------------------------------------------------
+# Operands
+
+
+class _Operand(NamedTuple):
+    """What we need of one array argument."""
+
+    name: str
+    array: object
+    adapter: object
+    shape: tuple
+    dtype: str
+    device: tuple
+
+
+def _operand(array, name: str) -> _Operand:
+    adapter = adapter_for(array, name)
+    return _Operand(name, array, adapter, adapter.shape(array), adapter.dtype_name(array), adapter.device(array))
+
+
+def _device_text(device: tuple) -> str:
+    return f"{device_name(device[0])}:{device[1]}"
+
+
+def _check_same(ops: list) -> None:
+    """Same dtype and device for every operand (out included)."""
+    first = ops[0]
+    for op in ops[1:]:
+        if op.device != first.device:
+            raise ValueError(f"{op.name} is on {_device_text(op.device)} but {first.name} is on "
+                             f"{_device_text(first.device)}; all arrays must be on one device")
+        if op.dtype != first.dtype:
+            raise TypeError(f"{op.name}: dtype {op.dtype} differs from {first.name}'s dtype {first.dtype}; "
+                            "all arrays of a convolution must share one dtype")
+
+
+def _check_rank(op: _Operand, nd: int, what: str) -> None:
+    if len(op.shape) != nd + 2:
+        raise ValueError(f"{op.name}: a {nd}-D convolution expects a {nd + 2}-D array ({what}), got shape {op.shape}")
+    if any(s < 1 for s in op.shape[1:]):
+        raise ValueError(f"{op.name}: every dimension but N must be >= 1, got shape {op.shape}")
+
+
+def _check_channels(C: int, K: int, wshape: tuple, groups: int, x_name: str, w_name: str, xshape: tuple) -> None:
+    if C % groups:
+        raise ValueError(f"groups: {groups} does not divide the {C} channels of {x_name} (shape {xshape})")
+    if K % groups:
+        raise ValueError(f"groups: {groups} does not divide the {K} output channels (w.shape[0]) of {w_name} (shape {wshape})")
+    if wshape[1] * groups != C:
+        raise ValueError(f"{w_name}: shape {wshape} has C/groups = {wshape[1]}, but {x_name} has C = {C} "
+                         f"with groups = {groups}, so {w_name}.shape[1] must be {C // groups}")
+
+
+def _spatial_out(nd: int, in_sp: tuple, kernel: tuple, stride, dilation, lo, hi, x_name: str) -> tuple:
+    out = []
+    for i in range(nd):
+        extent = dilation[i] * (kernel[i] - 1) + 1
+        padded = in_sp[i] + lo[i] + hi[i]
+        if padded < extent:
+            raise ValueError(f"w: the effective kernel size {extent} (kernel {kernel[i]}, dilation {dilation[i]}) "
+                             f"of spatial dim {i} is larger than the padded input size {padded} "
+                             f"({x_name} size {in_sp[i]} + padding {lo[i]} + {hi[i]})")
+        out.append(conv_output_size(in_sp[i], kernel[i], stride[i], dilation[i], lo[i], hi[i]))
+    return tuple(out)
+
+
+def _shim_for(first: _Operand):
+    entry = REGISTRY.shim_for(first.device[0])
+    if first.dtype not in entry.spec.dtypes:
+        extra = " (float64 has no oneDNN convolution; use float32)" if first.dtype == "float64" and entry.name == "onednn" else ""
+        raise TypeError(f"{first.name}: dtype {first.dtype} is not supported by the {entry.name!r} shim on "
+                        f"{device_name(first.device[0])}; it supports {', '.join(entry.spec.dtypes)}{extra}")
+    return entry
+
+
+def _check_out(out, name: str, shape: tuple, like: _Operand) -> _Operand:
+    op = _operand(out, name)
+    if op.shape != shape:
+        raise ValueError(f"{name}: shape {op.shape} does not match the result's shape {shape}")
+    _check_same([like, op])
+    return op
+
+
+# ------------------------------------------------------------------------------------------
+# Prepared call patterns
+
+
+class _Prepared(NamedTuple):
+    shim: object  # _core.Shim
+    spec: object  # _core.ConvSpec
+    out_shape: tuple
+    channels_last: bool
+    bias_out_shape: Optional[tuple]  # backward-weight's bias gradient, when asked for
+
+
+def _remember(key, prepared: _Prepared) -> _Prepared:
+    if key is not None:
+        if len(_memo) >= _MEMO_LIMIT:
+            _memo.clear()
+        _memo[key] = prepared
+    return prepared
+
+
+def _make_spec(op, nd, stride, dilation, lo, hi, groups, alpha, beta, activation, flags, algorithm, workspace_limit):
+    policy, algo_id = _algorithm(algorithm)
+    act, act_a, act_b = _activation(activation)
+    return _core.ConvSpec(op, nd, list(stride), list(dilation), list(lo), list(hi), groups,
+                          float(alpha), float(beta), act, act_a, act_b, flags, policy, algo_id,
+                          None if workspace_limit is None else _int(workspace_limit, "workspace_limit"))
+
+
+def _key(*parts):
+    try:
+        hash(parts)
+        return parts
+    except TypeError:  # a list among the arguments: validate every time
+        return None
+
+
+def _execute(prepared: _Prepared, x, w, y, bias, like) -> None:
+    ad = like.adapter
+    arr = like.array
+    stream = ad.stream(arr)
+    _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, stream,
+                   None if like.device[0] == 1 else (lambda n: ad.workspace(arr, n)))
+
+
+def _empty(like: _Operand, shape: tuple, channels_last: bool):
+    return like.adapter.empty(like.array, shape, channels_last)
+
+
+def _has_zero(shape) -> bool:
+    return any(s == 0 for s in shape)
+
+
+# ------------------------------------------------------------------------------------------
+# Forward
+
+
+def forward(nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None,
+            out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
+            algorithm="heuristic", workspace_limit=None):
+    xo, wo = _operand(x, "x"), _operand(w, "w")
+    bo = None if bias is None else _operand(bias, "bias")
+    if beta != 0.0 and out is None:
+        raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
+    key = _key(FORWARD, nd, xo.adapter, xo.shape, wo.shape, bo and bo.shape, xo.dtype, wo.dtype,
+               bo and bo.dtype, xo.device, wo.device, bo and bo.device, xo.adapter.strides(x),
+               stride, padding, dilation, groups, activation, alpha, beta, deterministic,
+               allow_reduced_precision, algorithm, workspace_limit)
+    prepared = _memo.get(key) if key is not None else None
+    if prepared is None:
+        prepared = _remember(key, _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups,
+                                                   activation, alpha, beta, deterministic,
+                                                   allow_reduced_precision, algorithm, workspace_limit))
+    if out is None:
+        out = _empty(xo, prepared.out_shape, prepared.channels_last)
+    else:
+        _check_out(out, "out", prepared.out_shape, xo)
+    if xo.shape[0] == 0:
+        return out
+    _execute(prepared, xo.adapter.export(x), wo.adapter.export(w), out,
+             None if bias is None else bo.adapter.export(bias), xo)
+    return out
+
+
+def _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, activation, alpha, beta,
+                     deterministic, allow_reduced_precision, algorithm, workspace_limit) -> _Prepared:
+    _check_rank(xo, nd, f"N, C, {_SPATIAL[nd]}")
+    _check_rank(wo, nd, f"K, C/groups, {_KERNEL[nd]}")
+    groups = _int(groups, "groups")
+    if groups < 1:
+        raise ValueError(f"groups: must be >= 1, got {groups}")
+    N, C, K = xo.shape[0], xo.shape[1], wo.shape[0]
+    _check_channels(C, K, wo.shape, groups, "x", "w", xo.shape)
+    stride = _ints(stride, nd, "stride", 1)
+    dilation = _ints(dilation, nd, "dilation", 1)
+    kernel = wo.shape[2:]
+    lo, hi = _padding(padding, nd, stride, dilation, kernel)
+    out_sp = _spatial_out(nd, xo.shape[2:], kernel, stride, dilation, lo, hi, "x")
+    operands = [xo, wo]
+    if bo is not None:
+        if bo.shape != (K,):
+            raise ValueError(f"bias: expected shape ({K},) (one value per output channel), got {bo.shape}")
+        operands.append(bo)
+    _check_same(operands)
+    entry = _shim_for(xo)
+    flags = _flags(deterministic, allow_reduced_precision, xo.device[0])
+    spec = _make_spec(FORWARD, nd, stride, dilation, lo, hi, groups, alpha, beta, activation, flags,
+                      algorithm, workspace_limit)
+    channels_last = is_channels_last(xo.shape, xo.adapter.strides(xo.array))
+    return _Prepared(entry.shim, spec, (N, K, *out_sp), channels_last, None)

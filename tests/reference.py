@@ -1,0 +1,97 @@
+"""Float64 NumPy reference convolutions (direct sums over kernel offsets), written for the
+tests. Semantics are torch.nn.functional's: cross-correlation, x (N, C, *sp),
+w (K, C/groups, *k), per-side padding lo/hi."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+
+def _windows(nd, kidx, out_sp, stride, dilation):
+    """Slices of the padded input that kernel offset kidx reads for every output position."""
+    return tuple(slice(kidx[i] * dilation[i], kidx[i] * dilation[i] + (out_sp[i] - 1) * stride[i] + 1, stride[i])
+                 for i in range(nd))
+
+
+def out_size(n, k, s, d, lo, hi):
+    return (n + lo + hi - d * (k - 1) - 1) // s + 1
+
+
+def conv_forward(x, w, bias=None, stride=None, lo=None, hi=None, dilation=None, groups=1):
+    x = np.asarray(x, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    nd = x.ndim - 2
+    stride, dilation = stride or (1,) * nd, dilation or (1,) * nd
+    lo, hi = lo or (0,) * nd, hi or (0,) * nd
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(lo, hi)))
+    N, C = x.shape[:2]
+    K, ks = w.shape[0], w.shape[2:]
+    out_sp = [out_size(x.shape[2 + i], ks[i], stride[i], dilation[i], lo[i], hi[i]) for i in range(nd)]
+    y = np.zeros((N, K, *out_sp))
+    cg, kg = C // groups, K // groups
+    for g in range(groups):
+        xg, wg = xp[:, g * cg:(g + 1) * cg], w[g * kg:(g + 1) * kg]
+        for kidx in itertools.product(*map(range, ks)):
+            patch = xg[(slice(None), slice(None)) + _windows(nd, kidx, out_sp, stride, dilation)]
+            y[:, g * kg:(g + 1) * kg] += np.einsum("nc...,kc->nk...", patch, wg[(slice(None), slice(None)) + kidx])
+    if bias is not None:
+        y += np.asarray(bias, dtype=np.float64).reshape(1, K, *([1] * nd))
+    return y
+
+
+def conv_backward_data(dy, w, input_shape, stride=None, lo=None, hi=None, dilation=None, groups=1):
+    """dx = the adjoint of conv_forward in x (its vector-Jacobian product with dy)."""
+    dy = np.asarray(dy, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    nd = dy.ndim - 2
+    stride, dilation = stride or (1,) * nd, dilation or (1,) * nd
+    lo, hi = lo or (0,) * nd, hi or (0,) * nd
+    N, C = input_shape[:2]
+    K, ks = w.shape[0], w.shape[2:]
+    padded = [input_shape[2 + i] + lo[i] + hi[i] for i in range(nd)]
+    out_sp = dy.shape[2:]
+    dxp = np.zeros((N, C, *padded))
+    cg, kg = C // groups, K // groups
+    for g in range(groups):
+        wg, dyg = w[g * kg:(g + 1) * kg], dy[:, g * kg:(g + 1) * kg]
+        for kidx in itertools.product(*map(range, ks)):
+            sl = (slice(None), slice(g * cg, (g + 1) * cg)) + _windows(nd, kidx, out_sp, stride, dilation)
+            dxp[sl] += np.einsum("nk...,kc->nc...", dyg, wg[(slice(None), slice(None)) + kidx])
+    crop = tuple(slice(lo[i], lo[i] + input_shape[2 + i]) for i in range(nd))
+    return dxp[(slice(None), slice(None)) + crop]
+
+
+def conv_backward_weight(x, dy, weight_shape, stride=None, lo=None, hi=None, dilation=None, groups=1):
+    """dw = the adjoint of conv_forward in w."""
+    x = np.asarray(x, dtype=np.float64)
+    dy = np.asarray(dy, dtype=np.float64)
+    nd = x.ndim - 2
+    stride, dilation = stride or (1,) * nd, dilation or (1,) * nd
+    lo, hi = lo or (0,) * nd, hi or (0,) * nd
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(lo, hi)))
+    C, K, ks = x.shape[1], weight_shape[0], weight_shape[2:]
+    out_sp = dy.shape[2:]
+    dw = np.zeros(weight_shape)
+    cg, kg = C // groups, K // groups
+    for g in range(groups):
+        xg, dyg = xp[:, g * cg:(g + 1) * cg], dy[:, g * kg:(g + 1) * kg]
+        for kidx in itertools.product(*map(range, ks)):
+            patch = xg[(slice(None), slice(None)) + _windows(nd, kidx, out_sp, stride, dilation)]
+            dw[(slice(g * kg, (g + 1) * kg), slice(None)) + kidx] = np.einsum("nc...,nk...->kc", patch, dyg)
+    return dw
+
+
+def channels_last(a):
+    """The same values in a channels-last (N, *spatial, C) memory layout."""
+    nd = a.ndim
+    perm = (0, *range(2, nd), 1)
+    inverse = (0, nd - 1, *range(1, nd - 1))
+    return np.ascontiguousarray(a.transpose(perm)).transpose(inverse)
+
+
+def poisoned_like(shape, dtype, channels_last_layout=False):
+    """An output array full of NaN, so any element the call fails to write shows."""
+    out = np.full(shape, np.nan, dtype=dtype)
+    return channels_last(out) if channels_last_layout else out
