@@ -27,9 +27,13 @@ struct FDNN_Plan {
   ConvProblem problem;
   ConvGraph graph;
   Selected selected;
-  size_t scratch_offset = 0;  // where the conv result goes when the epilogue needs y_old
-  size_t workspace_size = 0;  // cuDNN's workspace + that scratch
+  // The caller's workspace: [cuDNN's | conv result, when the epilogue needs y_old |
+  // w in x's memory order, when the caller's w is in another].
+  size_t scratch_offset = 0;
+  size_t w_stage_offset = 0;
+  size_t workspace_size = 0;
   EpilogueParams epilogue;
+  StridedCopy w_to_stage, stage_to_w;
 };
 
 namespace {
@@ -118,6 +122,25 @@ EpilogueParams epilogue_params(const ConvProblem& p) {
   return e;
 }
 
+size_t compact_bytes(const LogicalTensor& t, size_t element_size) {
+  size_t n = element_size;
+  for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+StridedCopy copy_between(const LogicalTensor& from, const LogicalTensor& to,
+                         size_t element_size) {
+  StridedCopy c;
+  c.element_size = static_cast<int>(element_size);
+  c.src.ndim = static_cast<int>(from.shape.size());
+  for (size_t d = 0; d < from.shape.size(); ++d) {
+    c.src.shape[d] = from.shape[d];
+    c.src.strides[d] = from.strides[d];
+    c.dst_strides[d] = to.strides[d];
+  }
+  return c;
+}
+
 // With an epilogue, the convolution applies alpha only; beta belongs to the epilogue.
 ConvScales conv_scales(const ConvProblem& p) {
   if (p.has_epilogue()) return {p.alpha, 0.0};
@@ -137,24 +160,31 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
     cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
     cudnnHandle_t handle = thread_handle(p.device, stream);
     size_t scratch = p.needs_conv_scratch() ? round_up(p.y_logical.span_bytes, 256) : 0;
+    size_t w_stage = p.stage_w ? round_up(compact_bytes(p.w_logical, p.element_size), 256) : 0;
     size_t limit = args->workspace_limit;
-    if (limit < scratch)
-      fail(FDNN_ERROR_UNSUPPORTED, "cudnn: bias/activation with beta != 0 needs %zu bytes "
-           "of workspace for the conv result, over the limit of %zu", scratch, limit);
+    if (limit < scratch + w_stage)
+      fail(FDNN_ERROR_UNSUPPORTED, "cudnn: needs %zu bytes of workspace (%zu for the conv "
+           "result that bias/activation with beta != 0 reads, %zu for w in x's memory "
+           "order), over the limit of %zu", scratch + w_stage, scratch, w_stage, limit);
     EngineRequest request;
     request.policy = args->algo_policy;
     request.given_id = args->algo_id;
-    request.workspace_budget = limit == SIZE_MAX ? SIZE_MAX : limit - scratch;
+    request.workspace_budget = limit == SIZE_MAX ? SIZE_MAX : limit - scratch - w_stage;
     request.stream = stream;
     plan->graph = build_conv_graph(p, conv_scales(p), handle);
     plan->selected = select_engine(p, plan->graph, request, handle);
   });
   size_t cudnn_ws = plan->selected.workspace;
+  size_t scratch = p.needs_conv_scratch() ? round_up(p.y_logical.span_bytes, 256) : 0;
+  size_t w_stage = p.stage_w ? round_up(compact_bytes(p.w_logical, p.element_size), 256) : 0;
   plan->scratch_offset = round_up(cudnn_ws, kWorkspaceAlign);
-  plan->workspace_size = p.needs_conv_scratch()
-                             ? plan->scratch_offset + round_up(p.y_logical.span_bytes, 256)
-                             : cudnn_ws;
+  plan->w_stage_offset = plan->scratch_offset + scratch;
+  plan->workspace_size = scratch + w_stage > 0 ? plan->w_stage_offset + w_stage : cudnn_ws;
   plan->epilogue = epilogue_params(p);
+  if (p.stage_w) {
+    plan->w_to_stage = copy_between(p.w_logical, p.w_staged, p.element_size);
+    plan->stage_to_w = copy_between(p.w_staged, p.w_logical, p.element_size);
+  }
   args->workspace_size = plan->workspace_size;
   args->chosen_algo_id = plan->selected.algo_id;
   args->algo_name = plan->selected.name.c_str();
@@ -196,6 +226,24 @@ void run_epilogue(const FDNN_Plan& plan, const FDNN_Conv_Plan_Execute_Args& a,
                "launch of the bias-gradient kernel");
 }
 
+// The w cuDNN sees: the caller's, or its copy in x's memory order. A dw output is copied
+// in only when beta accumulates into it.
+void* stage_w_in(const FDNN_Plan& plan, void* w, char* workspace, cudaStream_t stream) {
+  const ConvProblem& p = plan.problem;
+  if (!p.stage_w) return w;
+  void* staged = workspace + plan.w_stage_offset;
+  if (p.op != FDNN_CONV_BACKWARD_WEIGHT || p.beta != 0.0)
+    check_cuda(launch_strided_copy(plan.w_to_stage, w, staged, stream),
+               "launch of the w staging copy");
+  return staged;
+}
+
+void stage_w_out(const FDNN_Plan& plan, void* staged, void* w, cudaStream_t stream) {
+  if (!plan.problem.stage_w || plan.problem.op != FDNN_CONV_BACKWARD_WEIGHT) return;
+  check_cuda(launch_strided_copy(plan.stage_to_w, staged, w, stream),
+             "launch of the dw copy-out");
+}
+
 void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
   fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE,
                                "Conv_Plan_Execute");
@@ -206,12 +254,14 @@ void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
     DeviceGuard guard(plan.problem.device);
     cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
     cudnnHandle_t handle = thread_handle(plan.problem.device, stream);
+    char* workspace = static_cast<char*>(args->workspace);
     void* conv_out = args->y;
-    if (plan.problem.needs_conv_scratch())
-      conv_out = static_cast<char*>(args->workspace) + plan.scratch_offset;
-    cudnnStatus_t status = run_plan(handle, *plan.selected.plan, args->x, args->w, conv_out,
+    if (plan.problem.needs_conv_scratch()) conv_out = workspace + plan.scratch_offset;
+    void* w = stage_w_in(plan, args->w, workspace, stream);
+    cudnnStatus_t status = run_plan(handle, *plan.selected.plan, args->x, w, conv_out,
                                     args->workspace);
     if (status != CUDNN_STATUS_SUCCESS) fail_cudnn(status, "cudnnBackendExecute");
+    stage_w_out(plan, w, args->w, stream);
     run_epilogue(plan, *args, conv_out, stream);
   });
 }

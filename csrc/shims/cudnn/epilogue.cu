@@ -102,6 +102,21 @@ __global__ void bias_gradient_kernel(EpilogueParams p, const T* dy, T* db) {
   }
 }
 
+template <class Bits>
+__global__ void strided_copy_kernel(StridedCopy c, const Bits* src, Bits* dst, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t rest = i, from = 0, to = 0;
+    for (int d = c.src.ndim - 1; d >= 0; --d) {
+      int64_t index = rest % c.src.shape[d];
+      rest /= c.src.shape[d];
+      from += index * c.src.strides[d];
+      to += index * c.dst_strides[d];
+    }
+    dst[to] = src[from];
+  }
+}
+
 int64_t element_count(const StridedTensor& t) {
   int64_t n = 1;
   for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
@@ -129,7 +144,28 @@ cudaError_t bias_gradient(const EpilogueParams& p, const void* dy, void* db,
   return cudaGetLastError();
 }
 
+template <class Bits>
+cudaError_t strided_copy(const StridedCopy& c, const void* src, void* dst, cudaStream_t stream) {
+  int64_t count = element_count(c.src);
+  constexpr int kThreads = 256;
+  int64_t blocks = (count + kThreads - 1) / kThreads;
+  unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+  strided_copy_kernel<Bits><<<grid, kThreads, 0, stream>>>(
+      c, static_cast<const Bits*>(src), static_cast<Bits*>(dst), count);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t launch_strided_copy(const StridedCopy& c, const void* src, void* dst,
+                                cudaStream_t stream) {
+  switch (c.element_size) {
+    case 2: return strided_copy<uint16_t>(c, src, dst, stream);
+    case 4: return strided_copy<uint32_t>(c, src, dst, stream);
+    case 8: return strided_copy<uint64_t>(c, src, dst, stream);
+  }
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t launch_bias_activation(const EpilogueParams& p, void* y, const void* src,
                                    const void* bias, cudaStream_t stream) {

@@ -38,6 +38,16 @@ struct EpilogueParams {
 cudaError_t launch_bias_activation(const EpilogueParams& p, void* y, const void* src,
                                    const void* bias, cudaStream_t stream);
 
+// dst = src element by element, each with its own strides over one logical shape (to
+// stage a tensor in the memory order cuDNN wants).
+struct StridedCopy {
+  int element_size = 4;  // 2, 4 or 8 bytes
+  StridedTensor src;     // shape and source strides
+  int64_t dst_strides[kMaxEpilogueDims] = {};
+};
+cudaError_t launch_strided_copy(const StridedCopy& c, const void* src, void* dst,
+                                cudaStream_t stream);
+
 // db = alpha * sum over all but dim 1 of dy + beta * db (p.y describes dy).
 cudaError_t launch_bias_gradient(const EpilogueParams& p, const void* dy, void* db,
                                  cudaStream_t stream);

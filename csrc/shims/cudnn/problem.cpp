@@ -102,6 +102,52 @@ Geometry to_cudnn(const LogicalTensor& t) {
   return g;
 }
 
+// Strides of `shape` laid out compactly in the order `outer_to_inner` of its dims.
+std::vector<int64_t> compact_strides(const std::vector<int64_t>& shape,
+                                     const std::vector<size_t>& outer_to_inner) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t step = 1;
+  for (auto d = outer_to_inner.rbegin(); d != outer_to_inner.rend(); ++d) {
+    strides[*d] = step;
+    step *= shape[*d];
+  }
+  return strides;
+}
+
+// N, *spatial, C when channels-last; N, C, *spatial otherwise.
+std::vector<size_t> memory_order(size_t ndim, bool channels_last) {
+  std::vector<size_t> order{0};
+  if (!channels_last) order.push_back(1);
+  for (size_t d = 2; d < ndim; ++d) order.push_back(d);
+  if (channels_last) order.push_back(1);
+  return order;
+}
+
+// Channels-last when the channel dim is inside the innermost spatial dim.
+bool is_channels_last(const LogicalTensor& t) {
+  size_t last = t.shape.size() - 1;
+  return t.shape[1] > 1 && t.shape[last] > 1 && t.strides[1] < t.strides[last];
+}
+
+bool same_strides(const LogicalTensor& t, const std::vector<int64_t>& strides) {
+  for (size_t d = 0; d < strides.size(); ++d)  // strides of size-1 dims never matter
+    if (t.shape[d] != 1 && t.strides[d] != strides[d]) return false;
+  return true;
+}
+
+// w in x's memory order: as it is when it already is (size-1 dims aside, whose strides are
+// then written canonically), else staged through the workspace.
+void match_w_to_x(ConvProblem* p) {
+  bool x_channels_last = is_channels_last(p->x_logical);
+  std::vector<int64_t> wanted = compact_strides(
+      p->w_logical.shape, memory_order(p->w_logical.shape.size(), x_channels_last));
+  LogicalTensor canonical = p->w_logical;
+  canonical.strides = wanted;
+  p->stage_w = !same_strides(p->w_logical, wanted);
+  if (p->stage_w) p->w_staged = canonical;
+  p->w = to_cudnn(canonical);
+}
+
 void read_conv_params(const FDNN_Conv_Plan_Create_Args& a, ConvProblem* p) {
   int rank = a.spatial_rank;
   if (rank == 1) {  // the unit height of to_cudnn
@@ -215,7 +261,7 @@ ConvProblem read_problem(const FDNN_Conv_Plan_Create_Args& a) {
   p.y_logical = read_logical(a.y, "y", p.element_size);
   check_shapes(a, p);
   p.x = to_cudnn(p.x_logical);
-  p.w = to_cudnn(p.w_logical);
+  match_w_to_x(&p);
   p.y = to_cudnn(p.y_logical);
   read_conv_params(a, &p);
   read_epilogue(a, &p);

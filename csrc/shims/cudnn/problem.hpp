@@ -42,6 +42,10 @@ struct ConvProblem {
   float activation_alpha = 0.f;
   float activation_beta = 0.f;
   uint32_t flags = 0;
+  // cuDNN's convolution kernels want w in x's memory order (KCRS with NCHW, KRSC with
+  // NHWC). A w in another order is copied into the workspace in x's order (w_staged).
+  bool stage_w = false;
+  LogicalTensor w_staged;
   int64_t alignment = 16;    // bytes cuDNN may assume for every data pointer
   std::string description;  // the conv parameters, for error messages
 
