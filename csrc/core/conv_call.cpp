@@ -41,6 +41,13 @@ void append(std::string& key, const T& value) {
 }
 
 void append_tensor(std::string& key, const FDNN_DLTensor& t) {
+  // The alignment of the first element (a power of two, at most 16 bytes) is part of the
+  // problem: GPU shims choose kernels that assume it (cuDNN's vectorised loads), so an
+  // offset view of the same shape must not reuse a plan made for an aligned array.
+  uintptr_t address = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+  uint8_t alignment = 16;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  append(key, alignment);
   append(key, t.ndim);
   append(key, t.dtype);
   key.append(reinterpret_cast<const char*>(t.shape), sizeof(int64_t) * std::max(t.ndim, 0));

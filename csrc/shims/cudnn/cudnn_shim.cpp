@@ -7,7 +7,9 @@
 // and the bias gradient of backward-weight by a reduction kernel.
 #include <cudnn_version.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "conv_graph.hpp"
@@ -34,6 +36,10 @@ struct FDNN_Plan {
   size_t workspace_size = 0;
   EpilogueParams epilogue;
   StridedCopy w_to_stage, stage_to_w;
+  // One cuDNN execution plan per handle (so per thread): cuDNN plans must not be shared
+  // between threads. Built on first use from the chosen engine configuration.
+  mutable std::mutex plans_mutex;
+  mutable std::map<cudnnHandle_t, fdnn_cudnn::DescPtr> plan_by_handle;
 };
 
 namespace {
@@ -173,6 +179,7 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
     request.stream = stream;
     plan->graph = build_conv_graph(p, conv_scales(p), handle);
     plan->selected = select_engine(p, plan->graph, request, handle);
+    plan->plan_by_handle[handle] = plan->selected.plan;
   });
   size_t cudnn_ws = plan->selected.workspace;
   size_t scratch = p.needs_conv_scratch() ? round_up(p.y_logical.span_bytes, 256) : 0;
@@ -244,6 +251,19 @@ void stage_w_out(const FDNN_Plan& plan, void* staged, void* w, cudaStream_t stre
              "launch of the dw copy-out");
 }
 
+const Desc& execution_plan(const FDNN_Plan& plan, cudnnHandle_t handle) {
+  std::lock_guard<std::mutex> lock(plan.plans_mutex);
+  DescPtr& slot = plan.plan_by_handle[handle];
+  if (!slot) {
+    slot = plan_for_handle(*plan.selected.config, handle);
+    if (static_cast<size_t>(slot->get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)) >
+        plan.selected.workspace)
+      fail(FDNN_ERROR_INTERNAL, "cudnn: the engine wants more workspace on this thread "
+           "than when planned");
+  }
+  return *slot;
+}
+
 void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
   fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE,
                                "Conv_Plan_Execute");
@@ -258,7 +278,7 @@ void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
     void* conv_out = args->y;
     if (plan.problem.needs_conv_scratch()) conv_out = workspace + plan.scratch_offset;
     void* w = stage_w_in(plan, args->w, workspace, stream);
-    cudnnStatus_t status = run_plan(handle, *plan.selected.plan, args->x, w, conv_out,
+    cudnnStatus_t status = run_plan(handle, execution_plan(plan, handle), args->x, w, conv_out,
                                     args->workspace);
     if (status != CUDNN_STATUS_SUCCESS) fail_cudnn(status, "cudnnBackendExecute");
     stage_w_out(plan, w, args->w, stream);

@@ -148,6 +148,7 @@ bool build_plan(const Candidate& c, cudnnHandle_t handle, size_t budget, Built* 
 Selected to_selected(const std::vector<Candidate>& all, const Built& b, const char* how) {
   const Candidate& c = all[b.index];
   Selected s;
+  s.config = c.cfg;
   s.plan = b.plan;
   s.keep = {c.cfg, c.engine};
   s.keep.insert(s.keep.end(), c.knobs.begin(), c.knobs.end());
@@ -281,6 +282,14 @@ Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineReq
            static_cast<int>(r.policy));
   }
   return pick_heuristic(all, p, r, handle);
+}
+
+DescPtr plan_for_handle(const Desc& config, cudnnHandle_t handle) {
+  DescPtr plan = make_desc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  plan->set_handle(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
+  plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
+  plan->finalize("execution plan for another thread");
+  return plan;
 }
 
 cudnnStatus_t run_plan(cudnnHandle_t handle, const Desc& plan, void* x, void* w, void* y,

@@ -20,7 +20,8 @@ struct EngineRequest {
 };
 
 struct Selected {
-  DescPtr plan;                  // finalized execution plan
+  DescPtr config;                // the engine configuration chosen
+  DescPtr plan;                  // finalized execution plan (on the planning thread's handle)
   std::vector<DescPtr> keep;     // engine config, engine and knobs the plan came from
   size_t workspace = 0;
   int64_t algo_id = 0;
@@ -29,6 +30,11 @@ struct Selected {
 
 Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineRequest& request,
                        cudnnHandle_t handle);
+
+// Another execution plan of the same engine configuration, on another handle: cuDNN's
+// execution plans are not to be shared between threads (PyTorch keeps them thread-local
+// for this reason), so each handle gets its own.
+DescPtr plan_for_handle(const Desc& config, cudnnHandle_t handle);
 
 // Runs a finalized plan; pointers in x, w, y role order (see conv_graph.hpp).
 cudnnStatus_t run_plan(cudnnHandle_t handle, const Desc& plan, void* x, void* w, void* y,
