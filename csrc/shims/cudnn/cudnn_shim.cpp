@@ -325,12 +325,16 @@ FDNN_Error* Conv_Plan_Execute(FDNN_Conv_Plan_Execute_Args* args) {
 
 void Plan_Destroy(FDNN_Plan_Destroy_Args* args) {
   if (args == nullptr || args->plan == nullptr) return;
+  FDNN_Plan* plan = args->plan;
+  int current = -1;
+  // At process exit the CUDA runtime may already be torn down; freeing cuDNN's objects then
+  // can crash, so the plan is left to the process's end (as PyTorch leaks its handles).
+  if (cudaGetDevice(&current) != cudaSuccess) return;
   try {
-    // cuDNN may free device resources of the plan: do it on the plan's device.
-    DeviceGuard guard(args->plan->problem.device);
-    delete args->plan;
+    DeviceGuard guard(plan->problem.device);  // cuDNN frees device resources of the plan
+    delete plan;
   } catch (...) {
-    delete args->plan;  // the device could not be made current; free the host side anyway
+    // The device cannot be made current: leave the plan rather than crash.
   }
 }
 
