@@ -96,8 +96,10 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--heuristic", action="store_true",
                         help="cudnn.benchmark=False and algorithm='heuristic' (default: benchmark on both)")
-    parser.add_argument("--dtypes", default="float32,float16,bfloat16")
+    parser.add_argument("--dtypes", default="float16,bfloat16,float32")
     parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument("--budget-s", type=float, default=float("inf"),
+                        help="start no new layer after this many seconds (the summary still prints)")
     args = parser.parse_args(argv)
 
     import torch
@@ -115,10 +117,15 @@ def main(argv=None) -> int:
           f"{torch.backends.cudnn.version()}), flux_dnn {flux_dnn.__version__}, N={BATCH}, "
           f"{'heuristic' if args.heuristic else 'benchmark'} mode on both")
     print(f"{'layer':24} {'dtype':9} {'layout':6} {'op':10} {'torch ms':>9} {'flux ms':>9} {'ratio':>6}")
+    started = time.perf_counter()
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         for channels_last in (False, True):
             for layer in LAYERS:
+                if time.perf_counter() - started > args.budget_s:
+                    print(f"time budget spent: skipping {layer[0]} {dtype_name} "
+                          f"{'NHWC' if channels_last else 'NCHW'}")
+                    continue
                 calls = make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm)
                 for op in OPS:
                     torch_fn, flux_fn = calls[op]

