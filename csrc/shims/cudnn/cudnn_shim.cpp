@@ -153,45 +153,65 @@ ConvScales conv_scales(const ConvProblem& p) {
   return {p.alpha, p.beta};
 }
 
+// Bytes of the caller's workspace the shim itself uses besides cuDNN's.
+struct ExtraWorkspace {
+  size_t conv_result = 0;  // the conv result, when the epilogue still needs y's old value
+  size_t w_staged = 0;     // w in x's memory order, when the caller's is in another
+  size_t total() const { return conv_result + w_staged; }
+};
+
+ExtraWorkspace extra_workspace(const ConvProblem& p) {
+  ExtraWorkspace e;
+  if (p.needs_conv_scratch()) e.conv_result = round_up(p.y_logical.span_bytes, kWorkspaceAlign);
+  if (p.stage_w) e.w_staged = round_up(compact_bytes(p.w_logical, p.element_size), kWorkspaceAlign);
+  return e;
+}
+
+void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
+  const ConvProblem& p = plan->problem;
+  ExtraWorkspace extra = extra_workspace(p);
+  size_t limit = args.workspace_limit;
+  if (limit < extra.total())
+    fail(FDNN_ERROR_UNSUPPORTED, "cudnn: needs %zu bytes of workspace (%zu for the conv "
+         "result that bias/activation with beta != 0 reads, %zu for w in x's memory "
+         "order), over the limit of %zu", extra.total(), extra.conv_result, extra.w_staged,
+         limit);
+  DeviceGuard guard(p.device);
+  EngineRequest request;
+  request.policy = args.algo_policy;
+  request.given_id = args.algo_id;
+  request.workspace_budget = limit == SIZE_MAX ? SIZE_MAX : limit - extra.total();
+  request.stream = static_cast<cudaStream_t>(args.stream);
+  cudnnHandle_t handle = thread_handle(p.device, request.stream);
+  plan->graph = build_conv_graph(p, conv_scales(p), handle);
+  plan->selected = select_engine(p, plan->graph, request, handle);
+  plan->plan_by_handle[handle] = plan->selected.plan;
+}
+
+// [cuDNN's workspace | conv result | staged w], each part 256-byte aligned.
+void lay_out_workspace(FDNN_Plan* plan) {
+  const ConvProblem& p = plan->problem;
+  ExtraWorkspace extra = extra_workspace(p);
+  size_t cudnn_ws = plan->selected.workspace;
+  plan->scratch_offset = round_up(cudnn_ws, kWorkspaceAlign);
+  plan->w_stage_offset = plan->scratch_offset + extra.conv_result;
+  plan->workspace_size = extra.total() > 0 ? plan->w_stage_offset + extra.w_staged : cudnn_ws;
+  if (p.stage_w) {
+    plan->w_to_stage = copy_between(p.w_logical, p.w_staged, p.element_size);
+    plan->stage_to_w = copy_between(p.w_staged, p.w_logical, p.element_size);
+  }
+}
+
 void create_plan(FDNN_Conv_Plan_Create_Args* args) {
   fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE,
                                "Conv_Plan_Create");
   require_usable();  // "no driver" before any complaint about the arguments
   auto plan = std::make_unique<FDNN_Plan>();
   plan->problem = read_problem(*args);
-  const ConvProblem& p = plan->problem;
-  require_device(p.device);
-  with_problem(p.description, [&] {
-    DeviceGuard guard(p.device);
-    cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
-    cudnnHandle_t handle = thread_handle(p.device, stream);
-    size_t scratch = p.needs_conv_scratch() ? round_up(p.y_logical.span_bytes, 256) : 0;
-    size_t w_stage = p.stage_w ? round_up(compact_bytes(p.w_logical, p.element_size), 256) : 0;
-    size_t limit = args->workspace_limit;
-    if (limit < scratch + w_stage)
-      fail(FDNN_ERROR_UNSUPPORTED, "cudnn: needs %zu bytes of workspace (%zu for the conv "
-           "result that bias/activation with beta != 0 reads, %zu for w in x's memory "
-           "order), over the limit of %zu", scratch + w_stage, scratch, w_stage, limit);
-    EngineRequest request;
-    request.policy = args->algo_policy;
-    request.given_id = args->algo_id;
-    request.workspace_budget = limit == SIZE_MAX ? SIZE_MAX : limit - scratch - w_stage;
-    request.stream = stream;
-    plan->graph = build_conv_graph(p, conv_scales(p), handle);
-    plan->selected = select_engine(p, plan->graph, request, handle);
-    plan->plan_by_handle[handle] = plan->selected.plan;
-  });
-  size_t cudnn_ws = plan->selected.workspace;
-  size_t scratch = p.needs_conv_scratch() ? round_up(p.y_logical.span_bytes, 256) : 0;
-  size_t w_stage = p.stage_w ? round_up(compact_bytes(p.w_logical, p.element_size), 256) : 0;
-  plan->scratch_offset = round_up(cudnn_ws, kWorkspaceAlign);
-  plan->w_stage_offset = plan->scratch_offset + scratch;
-  plan->workspace_size = scratch + w_stage > 0 ? plan->w_stage_offset + w_stage : cudnn_ws;
-  plan->epilogue = epilogue_params(p);
-  if (p.stage_w) {
-    plan->w_to_stage = copy_between(p.w_logical, p.w_staged, p.element_size);
-    plan->stage_to_w = copy_between(p.w_staged, p.w_logical, p.element_size);
-  }
+  require_device(plan->problem.device);
+  with_problem(plan->problem.description, [&] { choose_engine(plan.get(), *args); });
+  lay_out_workspace(plan.get());
+  plan->epilogue = epilogue_params(plan->problem);
   args->workspace_size = plan->workspace_size;
   args->chosen_algo_id = plan->selected.algo_id;
   args->algo_name = plan->selected.name.c_str();
