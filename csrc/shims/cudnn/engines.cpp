@@ -95,15 +95,16 @@ std::vector<Candidate> engine_candidates(const ConvGraph& g) {
 
 // Why the caller's flags exclude this engine; empty when they do not.
 std::string excluded_by_flags(const Candidate& c, const ConvProblem& p) {
+  // Engines that convert inputs to a narrower type lose more than any flag allows (PyTorch
+  // never uses them either).
+  if (has_note(c, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return "down-converting inputs";
   if (p.deterministic() && has_note(c, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC))
     return "nondeterministic";
   if (p.reduced_precision_allowed()) return {};
   if (has_note(c, CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION))
     return "reduced-precision reduction";
-  // For float32 data, tensor cores and down-converted inputs mean TF32 math.
-  bool fp32 = p.dtype == CUDNN_DATA_FLOAT;
-  if (fp32 && (has_note(c, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ||
-               has_note(c, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)))
+  // For float32 data, tensor cores mean TF32 math.
+  if (p.dtype == CUDNN_DATA_FLOAT && has_note(c, CUDNN_NUMERICAL_NOTE_TENSOR_CORE))
     return "TF32 (reduced precision not allowed)";
   return {};
 }
