@@ -87,16 +87,43 @@ void check_cuda(cudaError_t status, const char* call) {
                   cudaGetErrorString(status));
 }
 
+namespace {
+
+// Two driver functions, looked up in the driver the runtime has loaded already.
+struct DriverContextApi {
+  using GetCurrent = int (*)(void** context);
+  using SetCurrent = int (*)(void* context);
+  GetCurrent get_current = nullptr;
+  SetCurrent set_current = nullptr;
+};
+
+const DriverContextApi& driver_context_api() {
+  static const DriverContextApi api = [] {
+    DriverContextApi a;
+    if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {  // kept open
+      a.get_current = reinterpret_cast<DriverContextApi::GetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
+      a.set_current = reinterpret_cast<DriverContextApi::SetCurrent>(dlsym(lib, "cuCtxSetCurrent"));
+    }
+    return a;
+  }();
+  return api;
+}
+
+}  // namespace
+
 DeviceGuard::DeviceGuard(int device) {
+  const DriverContextApi& driver = driver_context_api();
+  if (driver.get_current == nullptr || driver.get_current(&saved_context_) != 0)
+    saved_context_ = nullptr;
   int current = -1;
   check_cuda(cudaGetDevice(&current), "cudaGetDevice");
-  if (current == device) return;
+  if (saved_context_ != nullptr && current == device) return;  // already there
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  previous_ = current;
+  restore_ = driver.set_current != nullptr;
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0) cudaSetDevice(previous_);
+  if (restore_) driver_context_api().set_current(saved_context_);
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream) {

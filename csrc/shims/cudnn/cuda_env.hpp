@@ -24,8 +24,10 @@ const CudaDevices& cuda_devices();
 // Throws Failure(VENDOR, or OUT_OF_MEMORY) naming `call` and the CUDA error text.
 void check_cuda(cudaError_t status, const char* call);
 
-// Makes `device` current for this thread for the guard's life, restoring the caller's
-// device afterwards (the array libraries keep their own notion of the current device).
+// Makes `device` current for this thread for the guard's life, then puts back exactly the
+// context that was current before (the array libraries keep their own notion of the current
+// device). Restoring through the driver, not cudaSetDevice, never creates a context on a
+// device the caller did not use (e.g. device 0 of a multi-GPU node).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
@@ -34,7 +36,8 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;
+  bool restore_ = false;
+  void* saved_context_ = nullptr;  // CUcontext
 };
 
 // Device memory owned for a scope (benchmark scratch); zero-filled on `stream`.
