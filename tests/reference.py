@@ -75,11 +75,12 @@ def conv_backward_weight(x, dy, weight_shape, stride=None, lo=None, hi=None, dil
     out_sp = dy.shape[2:]
     dw = np.zeros(weight_shape)
     cg, kg = C // groups, K // groups
+    sp = "uvw"[:nd]
     for g in range(groups):
         xg, dyg = xp[:, g * cg:(g + 1) * cg], dy[:, g * kg:(g + 1) * kg]
         for kidx in itertools.product(*map(range, ks)):
             patch = xg[(slice(None), slice(None)) + _windows(nd, kidx, out_sp, stride, dilation)]
-            dw[(slice(g * kg, (g + 1) * kg), slice(None)) + kidx] = np.einsum("nc...,nk...->kc", patch, dyg)
+            dw[(slice(g * kg, (g + 1) * kg), slice(None)) + kidx] = np.einsum(f"nc{sp},nk{sp}->kc", patch, dyg)
     return dw
 
 
@@ -95,3 +96,28 @@ def poisoned_like(shape, dtype, channels_last_layout=False):
     """An output array full of NaN, so any element the call fails to write shows."""
     out = np.full(shape, np.nan, dtype=dtype)
     return channels_last(out) if channels_last_layout else out
+
+
+def conv_transpose(x, w, bias, stride, padding, output_padding, dilation, groups=1):
+    """torch.nn.functional.conv_transpose*d by its definition: every input element scatters
+    w-weighted copies into the output; w is (C_in, C_out/groups, *k)."""
+    x = np.asarray(x, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    nd = x.ndim - 2
+    N, cin = x.shape[:2]
+    cout_g, ks = w.shape[1], w.shape[2:]
+    in_sp = x.shape[2:]
+    full = [(in_sp[i] - 1) * stride[i] + dilation[i] * (ks[i] - 1) + 1 + output_padding[i] for i in range(nd)]
+    buf = np.zeros((N, cout_g * groups, *full))
+    cin_g = cin // groups
+    for g in range(groups):
+        xg, wg = x[:, g * cin_g:(g + 1) * cin_g], w[g * cin_g:(g + 1) * cin_g]
+        for kidx in itertools.product(*map(range, ks)):
+            sl = (slice(None), slice(g * cout_g, (g + 1) * cout_g)) + _windows(nd, kidx, in_sp, stride, dilation)
+            buf[sl] += np.einsum("nc...,co->no...", xg, wg[(slice(None), slice(None)) + kidx])
+    out_sp = [(in_sp[i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (ks[i] - 1) + output_padding[i] + 1
+              for i in range(nd)]
+    y = buf[(slice(None), slice(None)) + tuple(slice(padding[i], padding[i] + out_sp[i]) for i in range(nd))]
+    if bias is not None:
+        y = y + np.asarray(bias, dtype=np.float64).reshape(1, -1, *([1] * nd))
+    return y

@@ -31,10 +31,8 @@ _COMMON_DOC = """
 
 def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
     """N-D convolution; the spatial rank (1, 2 or 3) comes from ``x.ndim - 2``."""
-    shape = getattr(x, "shape", None)
-    if shape is None or len(shape) not in (3, 4, 5):
-        raise ValueError(f"x: conv expects a 3-D, 4-D or 5-D array (N, C, *spatial), got shape {shape}")
-    return _conv.forward(len(shape) - 2, x, w, bias, stride, padding, dilation, groups, **kwargs)
+    nd = _rank_of(getattr(x, "shape", None), "x")
+    return _conv.forward(nd, x, w, bias, stride, padding, dilation, groups, **kwargs)
 
 
 def conv1d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
@@ -52,6 +50,75 @@ def conv3d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs)
 for _nd, _f in ((1, conv1d), (2, conv2d), (3, conv3d)):
     _f.__doc__ = f"{_nd}-D convolution.\n" + _COMMON_DOC.format(nd=_nd, sp=_conv._SPATIAL[_nd], k=_conv._KERNEL[_nd])
 conv.__doc__ += "\n" + _COMMON_DOC.format(nd="N", sp="*spatial", k="*kernel")
+
+
+def _rank_of(shape, name: str) -> int:
+    if shape is None or len(shape) not in (3, 4, 5):
+        raise ValueError(f"{name}: expected a 3-D, 4-D or 5-D array (N, C, *spatial), got shape {shape}")
+    return len(shape) - 2
+
+
+def conv_backward_data(dy, w, input_shape, stride=1, padding=0, dilation=1, groups=1, **kwargs):
+    """Gradient of a convolution with respect to its input x (``torch.nn.grad.conv*d_input``).
+
+    dy ``(N, K, *out)`` is the gradient of the convolution's output, w its weights
+    ``(K, C/groups, *kernel)``, input_shape x's shape ``(N, C, *spatial)``; stride, padding,
+    dilation and groups those of the forward convolution. Keyword-only: out, alpha, beta
+    (``beta=1`` with ``out`` accumulates a gradient), deterministic, allow_reduced_precision,
+    algorithm, workspace_limit as in :func:`conv2d`. Runs the vendor's backward-data primitive.
+    """
+    nd = _rank_of(getattr(dy, "shape", None), "dy")
+    return _conv.backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, **kwargs)
+
+
+def conv_backward_weight(x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *,
+                         bias_grad=False, **kwargs):
+    """Gradient of a convolution with respect to its weights (``torch.nn.grad.conv*d_weight``).
+
+    x ``(N, C, *spatial)`` is the forward input, dy ``(N, K, *out)`` the output gradient,
+    weight_shape ``(K, C/groups, *kernel)``. With ``bias_grad=True`` also the bias gradient
+    (dy summed over N and space) from the same vendor primitive, returned as ``(dw, db)``;
+    ``out`` is then a ``(dw, db)`` pair. Other keywords as in :func:`conv_backward_data`.
+    """
+    nd = _rank_of(getattr(x, "shape", None), "x")
+    return _conv.backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups,
+                                 bias_grad=bias_grad, **kwargs)
+
+
+def conv_backward_bias(dy):
+    """Gradient of a convolution's bias: dy summed over N and every spatial dim, by dy's own
+    library. (``conv_backward_weight(..., bias_grad=True)`` gets it from the vendor primitive
+    together with the weight gradient.)"""
+    nd = _rank_of(getattr(dy, "shape", None), "dy")
+    return dy.sum(axis=(0, *range(2, nd + 2)))
+
+
+def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, **kwargs):
+    """N-D transposed convolution (``torch.nn.functional.conv_transpose*d``); rank from x.
+
+    x ``(N, C_in, *spatial)``, w ``(C_in, C_out/groups, *kernel)``, bias ``(C_out,)``.
+    ``padding`` is ints or (lo, hi) pairs; ``output_padding`` (< stride or < dilation) adds
+    rows at the high end of each dim. Runs as the vendor's backward-data primitive of the
+    equivalent convolution. Keywords as in :func:`conv_backward_data`.
+    """
+    nd = _rank_of(getattr(x, "shape", None), "x")
+    return _conv.transpose(nd, x, w, bias, stride, padding, output_padding, groups, dilation, **kwargs)
+
+
+def conv_transpose1d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, **kwargs):
+    return _conv.transpose(1, x, w, bias, stride, padding, output_padding, groups, dilation, **kwargs)
+
+
+def conv_transpose2d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, **kwargs):
+    return _conv.transpose(2, x, w, bias, stride, padding, output_padding, groups, dilation, **kwargs)
+
+
+def conv_transpose3d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, **kwargs):
+    return _conv.transpose(3, x, w, bias, stride, padding, output_padding, groups, dilation, **kwargs)
+
+
+for _nd, _f in ((1, conv_transpose1d), (2, conv_transpose2d), (3, conv_transpose3d)):
+    _f.__doc__ = f"{_nd}-D transposed convolution; see :func:`conv_transpose`."
 
 
 def plan_cache_info() -> dict:

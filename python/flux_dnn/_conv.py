@@ -318,3 +318,185 @@ def _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, activati
                       algorithm, workspace_limit)
     channels_last = is_channels_last(xo.shape, xo.adapter.strides(xo.array))
     return _Prepared(entry.shim, spec, (N, K, *out_sp), channels_last, None)
+
+
+# ------------------------------------------------------------------------------------------
+# Backward data, backward weight, transposed
+
+
+def _shape_arg(shape, nd: int, name: str, what: str) -> tuple:
+    if not isinstance(shape, (list, tuple)) or len(shape) != nd + 2:
+        raise ValueError(f"{name}: expected {nd + 2} ints ({what}) for a {nd}-D convolution, got {shape!r}")
+    out = tuple(_int(s, name) for s in shape)
+    if any(s < 1 for s in out[1:]) or out[0] < 0:
+        raise ValueError(f"{name}: every size must be >= 1 (N >= 0), got {shape!r}")
+    return out
+
+
+def _geometry(nd, x_shape, w_shape, dy_shape, stride, padding, dilation, groups, x_name, w_name):
+    """Checks that x, w and dy shapes are one convolution; returns (stride, dilation, lo, hi)."""
+    groups = _int(groups, "groups")
+    if groups < 1:
+        raise ValueError(f"groups: must be >= 1, got {groups}")
+    _check_channels(x_shape[1], w_shape[0], w_shape, groups, x_name, w_name, x_shape)
+    stride = _ints(stride, nd, "stride", 1)
+    dilation = _ints(dilation, nd, "dilation", 1)
+    lo, hi = _padding(padding, nd, stride, dilation, w_shape[2:])
+    out_sp = _spatial_out(nd, x_shape[2:], w_shape[2:], stride, dilation, lo, hi, x_name)
+    expected = (x_shape[0], w_shape[0], *out_sp)
+    if tuple(dy_shape) != expected:
+        raise ValueError(f"dy: shape {tuple(dy_shape)} is not the output shape {expected} of the convolution of "
+                         f"{x_name} {x_shape} with {w_name} {w_shape} (stride {stride}, padding {tuple(zip(lo, hi))}, "
+                         f"dilation {dilation}, groups {groups})")
+    return stride, dilation, lo, hi, groups
+
+
+def _backward_spec(op, nd, geometry, alpha, beta, deterministic, allow_reduced_precision, algorithm,
+                   workspace_limit, device_type):
+    stride, dilation, lo, hi, groups = geometry
+    flags = _flags(deterministic, allow_reduced_precision, device_type)
+    return _make_spec(op, nd, stride, dilation, lo, hi, groups, alpha, beta, None, flags, algorithm, workspace_limit)
+
+
+def backward_data(nd, dy, w, input_shape, stride=1, padding=0, dilation=1, groups=1, *, out=None,
+                  alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
+                  algorithm="heuristic", workspace_limit=None):
+    dyo, wo = _operand(dy, "dy"), _operand(w, "w")
+    if beta != 0.0 and out is None:
+        raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
+    key = _key(BACKWARD_DATA, nd, dyo.adapter, dyo.shape, wo.shape, dyo.dtype, wo.dtype, dyo.device, wo.device,
+               dyo.adapter.strides(dy), tuple(input_shape) if isinstance(input_shape, (list, tuple)) else input_shape,
+               stride, padding, dilation, groups, alpha, beta, deterministic, allow_reduced_precision,
+               algorithm, workspace_limit)
+    prepared = _memo.get(key) if key is not None else None
+    if prepared is None:
+        _check_rank(dyo, nd, f"N, K, {_SPATIAL[nd]}")
+        _check_rank(wo, nd, f"K, C/groups, {_KERNEL[nd]}")
+        x_shape = _shape_arg(input_shape, nd, "input_shape", f"N, C, {_SPATIAL[nd]}")
+        geometry = _geometry(nd, x_shape, wo.shape, dyo.shape, stride, padding, dilation, groups, "input_shape", "w")
+        _check_same([dyo, wo])
+        entry = _shim_for(dyo)
+        spec = _backward_spec(BACKWARD_DATA, nd, geometry, alpha, beta, deterministic, allow_reduced_precision,
+                              algorithm, workspace_limit, dyo.device[0])
+        prepared = _remember(key, _Prepared(entry.shim, spec, x_shape,
+                                            is_channels_last(dyo.shape, dyo.adapter.strides(dy)), None))
+    if out is None:
+        out = _empty(dyo, prepared.out_shape, prepared.channels_last)
+    else:
+        _check_out(out, "out", prepared.out_shape, dyo)
+    if prepared.out_shape[0] == 0:
+        return out
+    _execute(prepared, out, wo.adapter.export(w), dyo.adapter.export(dy), None, dyo)
+    return out
+
+
+def backward_weight(nd, x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, bias_grad=False,
+                    out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
+                    algorithm="heuristic", workspace_limit=None):
+    xo, dyo = _operand(x, "x"), _operand(dy, "dy")
+    if beta != 0.0 and out is None:
+        raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
+    key = _key(BACKWARD_WEIGHT, nd, xo.adapter, xo.shape, dyo.shape, xo.dtype, dyo.dtype, xo.device, dyo.device,
+               tuple(weight_shape) if isinstance(weight_shape, (list, tuple)) else weight_shape, bool(bias_grad),
+               stride, padding, dilation, groups, alpha, beta, deterministic, allow_reduced_precision,
+               algorithm, workspace_limit)
+    prepared = _memo.get(key) if key is not None else None
+    if prepared is None:
+        _check_rank(xo, nd, f"N, C, {_SPATIAL[nd]}")
+        _check_rank(dyo, nd, f"N, K, {_SPATIAL[nd]}")
+        w_shape = _shape_arg(weight_shape, nd, "weight_shape", f"K, C/groups, {_KERNEL[nd]}")
+        if w_shape[0] < 1:
+            raise ValueError(f"weight_shape: K must be >= 1, got {weight_shape!r}")
+        geometry = _geometry(nd, xo.shape, w_shape, dyo.shape, stride, padding, dilation, groups, "x", "weight_shape")
+        _check_same([xo, dyo])
+        entry = _shim_for(xo)
+        spec = _backward_spec(BACKWARD_WEIGHT, nd, geometry, alpha, beta, deterministic, allow_reduced_precision,
+                              algorithm, workspace_limit, xo.device[0])
+        prepared = _remember(key, _Prepared(entry.shim, spec, w_shape, False, (w_shape[0],) if bias_grad else None))
+    dw_out, db_out = out, None
+    if bias_grad and out is not None:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise ValueError("out: with bias_grad=True, out must be a (dw, db) pair")
+        dw_out, db_out = out
+    dw = _empty(xo, prepared.out_shape, False) if dw_out is None else dw_out
+    if dw_out is not None:
+        _check_out(dw, "out", prepared.out_shape, xo)
+    db = None
+    if bias_grad:
+        db = _empty(xo, prepared.bias_out_shape, False) if db_out is None else db_out
+        if db_out is not None:
+            _check_out(db, "out[1]", prepared.bias_out_shape, xo)
+    if xo.shape[0] == 0:  # no samples: the gradient is zero (or out unchanged when accumulating)
+        if beta == 0.0:
+            for a in (dw, db):
+                if a is not None:
+                    a[...] = 0
+        return (dw, db) if bias_grad else dw
+    _execute(prepared, xo.adapter.export(x), dw, dyo.adapter.export(dy), db, xo)
+    return (dw, db) if bias_grad else dw
+
+
+def transpose(nd, x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
+              out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
+              algorithm="heuristic", workspace_limit=None):
+    """conv_transpose = backward-data of the convolution whose weights are w (C_in, C_out/g, *k)."""
+    xo, wo = _operand(x, "x"), _operand(w, "w")
+    _check_rank(xo, nd, f"N, C_in, {_SPATIAL[nd]}")
+    _check_rank(wo, nd, f"C_in, C_out/groups, {_KERNEL[nd]}")
+    g = _int(groups, "groups")
+    if g < 1:
+        raise ValueError(f"groups: must be >= 1, got {g}")
+    if xo.shape[1] != wo.shape[0]:
+        raise ValueError(f"w: a transposed convolution's w is (C_in, C_out/groups, ...) = ({xo.shape[1]}, ...), "
+                         f"but w has shape {wo.shape} for x of shape {xo.shape}")
+    stride_t = _ints(stride, nd, "stride", 1)
+    dilation_t = _ints(dilation, nd, "dilation", 1)
+    output_padding = _ints(output_padding, nd, "output_padding", 0)
+    for op, s, d in zip(output_padding, stride_t, dilation_t):
+        if op >= s and op >= d:
+            raise ValueError(f"output_padding: {output_padding} must be smaller than stride {stride_t} "
+                             f"or dilation {dilation_t} in every dim (as in PyTorch)")
+    if isinstance(padding, str):
+        raise ValueError(f"padding: a transposed convolution takes ints or (lo, hi) pairs, not {padding!r}")
+    lo, hi = _padding(padding, nd, stride_t, dilation_t, wo.shape[2:])
+    kernel = wo.shape[2:]
+    out_sp = tuple((xo.shape[2 + i] - 1) * stride_t[i] - lo[i] - hi[i] + dilation_t[i] * (kernel[i] - 1)
+                   + output_padding[i] + 1 for i in range(nd))
+    if any(s < 1 for s in out_sp):
+        raise ValueError(f"padding: {padding!r} leaves an output of size {out_sp} for x {xo.shape} and w {wo.shape}")
+    # The equivalent convolution maps out_sp back to x's size. Whole strides that
+    # output_padding adds beyond the last window (output_padding >= stride, allowed when it is
+    # < dilation) are read by no window: its high padding shrinks by them, and where that
+    # would go below zero those trailing output rows are cut off the vendor call instead and
+    # receive no contribution.
+    hi_conv, trim = list(hi), [0] * nd
+    for i in range(nd):
+        while conv_output_size(out_sp[i], kernel[i], stride_t[i], dilation_t[i], lo[i], hi_conv[i]) > xo.shape[2 + i]:
+            hi_conv[i] -= stride_t[i]
+        if hi_conv[i] < 0:
+            trim[i], hi_conv[i] = -hi_conv[i], 0
+    full_shape = (xo.shape[0], wo.shape[1] * g, *out_sp)
+    if bias is not None:
+        bo = _operand(bias, "bias")
+        if bo.shape != (full_shape[1],):
+            raise ValueError(f"bias: expected shape ({full_shape[1]},) (one value per output channel), got {bo.shape}")
+        _check_same([xo, bo])
+    kwargs = dict(alpha=alpha, beta=beta, deterministic=deterministic, allow_reduced_precision=allow_reduced_precision,
+                  algorithm=algorithm, workspace_limit=workspace_limit)
+    geometry = (stride_t, tuple(zip(lo, hi_conv)), dilation_t, g)
+    if not any(trim):
+        y = backward_data(nd, x, w, full_shape, *geometry, out=out, **kwargs)
+    else:
+        y = _empty(xo, full_shape, is_channels_last(xo.shape, xo.adapter.strides(x))) if out is None else out
+        if out is not None:
+            _check_out(out, "out", full_shape, xo)
+        kept = tuple(slice(0, n - t) for n, t in zip(out_sp, trim))
+        view = y[(slice(None), slice(None)) + kept]
+        backward_data(nd, x, w, (*full_shape[:2], *(n - t for n, t in zip(out_sp, trim))), *geometry, out=view, **kwargs)
+        for i in range(nd):  # the cut-off rows, as disjoint blocks
+            if trim[i]:
+                block = y[(slice(None), slice(None)) + kept[:i] + (slice(out_sp[i] - trim[i], None),)]
+                block[...] = 0 if beta == 0.0 else block * beta
+    if bias is not None:  # the ABI's backward-data has no bias epilogue: the library adds it
+        y += bias.reshape((1, -1) + (1,) * nd) * alpha
+    return y

@@ -105,6 +105,9 @@ class Registry:
                 if wanted:
                     entries = self._select(entries, [w.strip() for w in wanted.split(",") if w.strip()])
                 self._entries = entries
+                if self._explicit:  # named shims load now, and a failure is loud
+                    for entry in entries:
+                        self._load(entry)
             return self._entries
 
     @staticmethod
@@ -139,8 +142,13 @@ class Registry:
         if entry.attempted:
             return
         entry.attempted = True
-        if entry.reason is not None:
-            return
+        if entry.reason is None:
+            self._try_load(entry)
+        if entry.reason is not None and self._explicit:
+            raise _core.ShimLoadError(f"shim {entry.name!r} named in FLUX_DNN_SHIMS failed to load: {entry.reason}")
+
+    @staticmethod
+    def _try_load(entry: _Entry) -> None:
         try:
             if entry.spec is not None and entry.spec.preload is not None:
                 entry.spec.preload()
@@ -153,8 +161,6 @@ class Registry:
         except Exception as exc:
             entry.shim = None
             entry.reason = f"{type(exc).__name__}: {exc}"
-        if entry.reason is not None and self._explicit:
-            raise _core.ShimLoadError(f"shim {entry.name!r} named in FLUX_DNN_SHIMS failed to load: {entry.reason}")
 
     def shim_for(self, device_type: int) -> _Entry:
         """The loaded, usable shim for a device type; raises DeviceUnavailableError."""

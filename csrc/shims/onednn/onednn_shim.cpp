@@ -264,10 +264,12 @@ dnnl::post_ops forward_post_ops(const FDNN_Conv_Plan_Create_Args& a, bool output
   dnnl::post_ops ops;
   if (a.alpha != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, a.alpha, 0.f);
   if (a.activation != FDNN_ACTIVATION_NONE) {
+    // oneDNN's eltwise parameters: relu's alpha is the negative slope, clip's are the bounds,
+    // swish's alpha is the sigmoid's scale (1 for SiLU).
     float alpha = a.activation == FDNN_ACTIVATION_LEAKY_RELU || a.activation == FDNN_ACTIVATION_CLIP
-                      ? a.activation_alpha : 0.f;
-    float beta = a.activation == FDNN_ACTIVATION_CLIP ? a.activation_beta
-                 : a.activation == FDNN_ACTIVATION_SILU ? 1.f : 0.f;
+                      ? a.activation_alpha
+                  : a.activation == FDNN_ACTIVATION_SILU ? 1.f : 0.f;
+    float beta = a.activation == FDNN_ACTIVATION_CLIP ? a.activation_beta : 0.f;
     ops.append_eltwise(eltwise_of(a.activation), alpha, beta);
   }
   if (a.beta != 0.f && !output_staged) ops.append_sum(a.beta);

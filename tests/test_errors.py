@@ -1,0 +1,182 @@
+"""Bad input: a clear ValueError/TypeError naming the argument, raised before any vendor call,
+and never a partly written output."""
+
+import numpy as np
+import pytest
+
+import flux_dnn
+
+
+@pytest.fixture
+def xw(rng):
+    x = rng.standard_normal((2, 4, 8, 8), dtype=np.float32)
+    w = rng.standard_normal((6, 4, 3, 3), dtype=np.float32)
+    return x, w
+
+
+def check_untouched(out, call, error, match):
+    before = out.copy()
+    with pytest.raises(error, match=match):
+        call()
+    np.testing.assert_array_equal(out, before)
+
+
+@pytest.mark.parametrize("x_shape,match", [((4, 8, 8), r"x: a 2-D convolution expects a 4-D array"),
+                                           ((1, 2, 4, 8, 8), r"x: a 2-D convolution expects a 4-D array")])
+def test_wrong_rank_of_x(rng, xw, x_shape, match):
+    with pytest.raises(ValueError, match=match):
+        flux_dnn.conv2d(np.zeros(x_shape, np.float32), xw[1])
+
+
+def test_wrong_rank_of_w(xw):
+    with pytest.raises(ValueError, match=r"w: a 2-D convolution expects a 4-D array .*got shape \(6, 4, 3\)"):
+        flux_dnn.conv2d(xw[0], xw[1][..., 0])
+
+
+def test_channels_do_not_match(rng, xw):
+    w = rng.standard_normal((6, 3, 3, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"w: shape \(6, 3, 3, 3\) has C/groups = 3.*must be 4"):
+        flux_dnn.conv2d(xw[0], w)
+
+
+def test_groups_must_divide_channels(rng, xw):
+    with pytest.raises(ValueError, match=r"groups: 3 does not divide the 4 channels of x"):
+        flux_dnn.conv2d(xw[0], xw[1], groups=3)
+    w = rng.standard_normal((5, 2, 3, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"groups: 2 does not divide the 5 output channels"):
+        flux_dnn.conv2d(xw[0], w, groups=2)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(stride=0), r"stride: every value must be >= 1, got 0"),
+    (dict(stride=(1, -2)), r"stride: every value must be >= 1"),
+    (dict(dilation=0), r"dilation: every value must be >= 1"),
+    (dict(padding=-1), r"padding: must be >= 0, got -1"),
+    (dict(padding=((0, -1), (1, 1))), r"padding: must be >= 0"),
+    (dict(padding=(1, 2, 3)), r"padding: expected an int or 2 ints"),
+    (dict(padding="full"), r"padding: expected an int, a tuple, per-side pairs, 'same' or 'valid', got 'full'"),
+    (dict(padding="same", stride=2), r"padding: 'same' needs stride 1"),
+    (dict(groups=0), r"groups: must be >= 1, got 0"),
+    (dict(stride=1.5), r"stride: expected an integer, got 1.5"),
+    (dict(groups=True), r"groups: expected an integer, got True"),
+])
+def test_bad_parameters(xw, kw, match):
+    error = TypeError if "expected an integer" in match else ValueError
+    with pytest.raises(error, match=match):
+        flux_dnn.conv2d(*xw, **kw)
+
+
+def test_kernel_larger_than_padded_input(rng):
+    x = rng.standard_normal((1, 2, 4, 4), dtype=np.float32)
+    w = rng.standard_normal((3, 2, 3, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"effective kernel size 5 .*dilation 2.*larger than the padded input size 4"):
+        flux_dnn.conv2d(x, w, dilation=2)
+    flux_dnn.conv2d(x, w, dilation=2, padding=1)  # 6 >= 5: fine
+
+
+def test_dtypes_must_match(xw):
+    x, w = xw
+    with pytest.raises(TypeError, match=r"w: dtype float16 differs from x's dtype float32"):
+        flux_dnn.conv2d(x, w.astype(np.float16))
+    with pytest.raises(TypeError, match=r"bias: dtype float64 differs from x's dtype float32"):
+        flux_dnn.conv2d(x, w, np.zeros(6))
+
+
+def test_unsupported_dtype_names_supported_ones(xw):
+    x, w = xw
+    with pytest.raises(TypeError, match=r"x: dtype float64 is not supported by the 'onednn' shim on CPU; "
+                                        r"it supports float32, bfloat16, float16 \(float64 has no oneDNN convolution"):
+        flux_dnn.conv2d(x.astype(np.float64), w.astype(np.float64))
+    with pytest.raises(TypeError, match=r"x: dtype int32 is not supported"):
+        flux_dnn.conv2d(x.astype(np.int32), w.astype(np.int32))
+
+
+def test_bias_shape(xw):
+    with pytest.raises(ValueError, match=r"bias: expected shape \(6,\) \(one value per output channel\), got \(4,\)"):
+        flux_dnn.conv2d(*xw, np.zeros(4, np.float32))
+
+
+def test_out_checks_leave_out_untouched(xw):
+    x, w = xw
+    good = np.full((2, 6, 6, 6), 7.0, np.float32)
+    wrong_shape = np.full((2, 6, 6, 5), 7.0, np.float32)
+    check_untouched(wrong_shape, lambda: flux_dnn.conv2d(x, w, out=wrong_shape), ValueError,
+                    r"out: shape \(2, 6, 6, 5\) does not match the result's shape \(2, 6, 6, 6\)")
+    wrong_dtype = np.full((2, 6, 6, 6), 7.0, np.float16)
+    check_untouched(wrong_dtype, lambda: flux_dnn.conv2d(x, w, out=wrong_dtype), TypeError,
+                    r"out: dtype float16 differs from x's dtype float32")
+    read_only = good.copy()
+    read_only.flags.writeable = False
+    check_untouched(read_only, lambda: flux_dnn.conv2d(x, w, out=read_only), ValueError, r"out: the array is read-only")
+    check_untouched(good, lambda: flux_dnn.conv2d(x, w, out=good, stride=0), ValueError, r"stride")
+
+
+def test_beta_needs_out(xw):
+    with pytest.raises(ValueError, match=r"beta: beta=1.0 accumulates into an existing output, so it needs out="):
+        flux_dnn.conv2d(*xw, beta=1.0)
+
+
+def test_unknown_activation(xw):
+    with pytest.raises(ValueError, match=r"activation: unknown activation 'swish'; known: relu, leaky_relu"):
+        flux_dnn.conv2d(*xw, activation="swish")
+
+
+def test_object_without_dlpack(xw):
+    with pytest.raises(TypeError, match=r"x: expected an array that supports DLPack .*got builtins.list"):
+        flux_dnn.conv2d([[1.0]], xw[1])
+    with pytest.raises(TypeError, match=r"w: expected an array that supports DLPack"):
+        flux_dnn.conv2d(xw[0], "weights")
+
+
+class OtherDevice:
+    """A NumPy array that reports another device through DLPack: dispatch sees what a CUDA or
+    ROCm array would show, without pretending any computation happens there."""
+
+    def __init__(self, array, device):
+        self._array, self._device = array, device
+        self.shape, self.dtype = array.shape, array.dtype
+
+    def __dlpack_device__(self):
+        return self._device
+
+    def __dlpack__(self, **kwargs):
+        raise AssertionError("a vendor call was attempted for an array on a device without a shim")
+
+
+def test_arrays_on_different_devices(xw):
+    x, w = xw
+    with pytest.raises(ValueError, match=r"w is on CUDA:0 but x is on CPU:0"):
+        flux_dnn.conv2d(x, OtherDevice(w, (2, 0)))
+
+
+def test_device_without_shim_names_device_and_fix(xw):
+    x, w = xw
+    with pytest.raises(flux_dnn.DeviceUnavailableError, match=r"ROCm arrays.*pip install flux-dnn-rocm"):
+        flux_dnn.conv2d(OtherDevice(x, (10, 0)), OtherDevice(w, (10, 0)))
+
+
+def test_backward_errors(rng):
+    x = rng.standard_normal((2, 4, 8, 8), dtype=np.float32)
+    w = rng.standard_normal((6, 4, 3, 3), dtype=np.float32)
+    dy = rng.standard_normal((2, 6, 6, 6), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"input_shape: expected 4 ints"):
+        flux_dnn.conv_backward_data(dy, w, (2, 4, 8))
+    with pytest.raises(ValueError, match=r"dy: shape \(2, 6, 6, 6\) is not the output shape \(2, 6, 7, 7\)"):
+        flux_dnn.conv_backward_data(dy, w, (2, 4, 9, 9))
+    with pytest.raises(ValueError, match=r"weight_shape: expected 4 ints"):
+        flux_dnn.conv_backward_weight(x, dy, (6, 4, 3))
+    with pytest.raises(ValueError, match=r"dy: shape .* is not the output shape \(2, 6, 4, 4\)"):
+        flux_dnn.conv_backward_weight(x, dy, (6, 4, 5, 5))
+    with pytest.raises(ValueError, match=r"out: with bias_grad=True, out must be a \(dw, db\) pair"):
+        flux_dnn.conv_backward_weight(x, dy, w.shape, bias_grad=True, out=np.zeros_like(w))
+
+
+def test_transpose_errors(rng):
+    x = rng.standard_normal((2, 4, 5, 5), dtype=np.float32)
+    w = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"output_padding: \(2, 2\) must be smaller than stride \(2, 2\) or dilation"):
+        flux_dnn.conv_transpose2d(x, w, stride=2, output_padding=2)
+    with pytest.raises(ValueError, match=r"w: a transposed convolution's w is \(C_in, C_out/groups, ...\)"):
+        flux_dnn.conv_transpose2d(x, w[:3])
+    with pytest.raises(ValueError, match=r"padding: a transposed convolution takes ints"):
+        flux_dnn.conv_transpose2d(x, w, padding="same")
