@@ -132,7 +132,8 @@ class TorchAdapter(ArrayAPIAdapter):
             return None
         import torch
 
-        return torch.cuda.current_stream(like.device).cuda_stream
+        # DLPack disallows 0 on CUDA; torch's default stream is the legacy one: say 1.
+        return torch.cuda.current_stream(like.device).cuda_stream or 1
 
     def workspace(self, like, nbytes):
         import torch
