@@ -289,6 +289,28 @@ def test_forward_epilogue_alpha_activation_beta(lib, rng, dtype, activation):
                                err_msg=str(c))
 
 
+@pytest.mark.parametrize("activation", [None] + list(ACTIVATIONS), ids=str)
+@pytest.mark.parametrize("layout_name", LAYOUTS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_forward_bias_activation_fusable(lib, rng, dtype, layout_name, activation):
+    """alpha 1, beta 0: the shape cuDNN's fused conv+bias+activation graphs take (the shim
+    uses one when cuDNN offers an engine, else its own epilogue kernel)."""
+    _skip_dtype(lib, dtype)
+    c = draw(rng, 2)
+    x, w, b, _ = operands(rng, c, dtype)
+    conv = ref.conv_forward(x, w, b, c["stride"], c["lo"], c["hi"], c["dilation"], c["groups"])
+    expected = conv if activation is None else ACTIVATIONS[activation](conv)
+    for algorithm in ("heuristic", "benchmark"):
+        xd = layout(lib, lib.put(x, dtype), layout_name)
+        out = poisoned(lib, expected.shape, xd, layout_name)
+        flux_dnn.conv(xd, lib.put(w, dtype), lib.put(b, dtype), activation=activation, out=out,
+                      algorithm=algorithm, **geometry(c))
+        got = lib.get(out)
+        assert not np.isnan(got).any(), f"unwritten output elements for {c}"
+        np.testing.assert_allclose(got, expected, **tolerance(dtype, expected, True),
+                                   err_msg=f"{algorithm} {c}")
+
+
 @pytest.mark.parametrize("algorithm", ["heuristic", "benchmark"])
 def test_float32_without_tf32_is_exact_to_float32(lib, rng, algorithm):
     c = draw(rng, 2)

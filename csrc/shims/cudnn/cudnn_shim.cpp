@@ -167,6 +167,24 @@ ExtraWorkspace extra_workspace(const ConvProblem& p) {
   return e;
 }
 
+// Bias and activation inside cuDNN's graph, when cuDNN has an engine for that under the
+// caller's flags; false (and nothing chosen) otherwise, and the epilogue kernel runs after
+// an unfused convolution. A given id says which of the two it came from.
+bool try_fused_graph(FDNN_Plan* plan, const EngineRequest& request, cudnnHandle_t handle) {
+  const ConvProblem& p = plan->problem;
+  bool given = request.policy == FDNN_ALGO_GIVEN;
+  if (!can_fuse_epilogue(p) || (given && !algo_id_is_fused(request.given_id))) return false;
+  try {
+    ConvGraph fused = build_fused_graph(p, handle);
+    plan->selected = select_engine(p, fused, request, handle);
+    plan->graph = std::move(fused);
+    return true;
+  } catch (const Failure&) {
+    if (given) throw;  // the id named a fused engine that is not there
+    return false;
+  }
+}
+
 void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
   const ConvProblem& p = plan->problem;
   ExtraWorkspace extra = extra_workspace(p);
@@ -183,8 +201,10 @@ void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
   request.workspace_budget = limit == SIZE_MAX ? SIZE_MAX : limit - extra.total();
   request.stream = static_cast<cudaStream_t>(args.stream);
   cudnnHandle_t handle = thread_handle(p.device, request.stream);
-  plan->graph = build_conv_graph(p, conv_scales(p), handle);
-  plan->selected = select_engine(p, plan->graph, request, handle);
+  if (!try_fused_graph(plan, request, handle)) {
+    plan->graph = build_conv_graph(p, conv_scales(p), handle);
+    plan->selected = select_engine(p, plan->graph, request, handle);
+  }
   plan->plan_by_handle[handle] = plan->selected.plan;
 }
 
@@ -239,12 +259,13 @@ void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a) {
   check_alignment(plan, a.x, "x");
   check_alignment(plan, a.w, "w");
   check_alignment(plan, a.y, "y");
+  if (plan.graph.binds_bias) check_alignment(plan, a.bias, "bias");
 }
 
 void run_epilogue(const FDNN_Plan& plan, const FDNN_Conv_Plan_Execute_Args& a,
                   void* conv_out, cudaStream_t stream) {
   const ConvProblem& p = plan.problem;
-  if (p.has_epilogue())
+  if (p.has_epilogue() && !plan.graph.fused)
     check_cuda(launch_bias_activation(plan.epilogue, a.y, conv_out,
                                       p.has_bias ? a.bias : nullptr, stream),
                "launch of the bias/activation kernel");
@@ -298,8 +319,9 @@ void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
     void* conv_out = args->y;
     if (plan.problem.needs_conv_scratch()) conv_out = workspace + plan.scratch_offset;
     void* w = stage_w_in(plan, args->w, workspace, stream);
-    cudnnStatus_t status = run_plan(handle, execution_plan(plan, handle), args->x, w, conv_out,
-                                    args->workspace);
+    Operands operands{args->x, w, conv_out, plan.graph.binds_bias ? args->bias : nullptr,
+                      args->workspace};
+    cudnnStatus_t status = run_plan(handle, execution_plan(plan, handle), operands);
     if (status != CUDNN_STATUS_SUCCESS) fail_cudnn(status, "cudnnBackendExecute");
     stage_w_out(plan, w, args->w, stream);
     run_epilogue(plan, *args, conv_out, stream);

@@ -146,7 +146,8 @@ bool build_plan(const Candidate& c, cudnnHandle_t handle, size_t budget, Built* 
   return true;
 }
 
-Selected to_selected(const std::vector<Candidate>& all, const Built& b, const char* how) {
+Selected to_selected(const std::vector<Candidate>& all, const Built& b, const char* how,
+                     bool fused) {
   const Candidate& c = all[b.index];
   Selected s;
   s.config = c.cfg;
@@ -154,8 +155,10 @@ Selected to_selected(const std::vector<Candidate>& all, const Built& b, const ch
   s.keep = {c.cfg, c.engine};
   s.keep.insert(s.keep.end(), c.knobs.begin(), c.knobs.end());
   s.workspace = b.workspace;
-  s.algo_id = (c.global_index << 16) | static_cast<int64_t>(b.index);
-  s.name = "cudnn " + c.label + notes_text(c) + " (" + how + ")";
+  s.algo_id = (static_cast<int64_t>(fused) << 40) | (c.global_index << 16) |
+              static_cast<int64_t>(b.index);
+  s.name = std::string("cudnn ") + (fused ? "fused conv+bias+act " : "") + c.label +
+           notes_text(c) + " (" + how + ")";
   return s;
 }
 
@@ -184,18 +187,23 @@ std::vector<Built> usable_plans(const std::vector<Candidate>& all, const ConvPro
   return plans;
 }
 
-// Allocation-size of a tensor for benchmark scratch.
+// Zeroed stand-ins for the operands, to time candidates on.
 struct Scratch {
-  DeviceBuffer x, w, y, workspace;
-  Scratch(const ConvProblem& p, size_t ws, cudaStream_t s)
+  DeviceBuffer x, w, y, bias, workspace;
+  Scratch(const ConvProblem& p, const ConvGraph& g, size_t ws, cudaStream_t s)
       : x(p.x_logical.span_bytes, s), w(p.w_logical.span_bytes, s),
-        y(p.y_logical.span_bytes, s), workspace(ws, s) {}
+        y(p.y_logical.span_bytes, s),
+        bias(g.binds_bias ? static_cast<size_t>(p.bias.dims[1] * p.bias_stride) *
+                                p.element_size
+                          : 0,
+             s),
+        workspace(ws, s) {}
+  Operands operands() const { return {x.get(), w.get(), y.get(), bias.get(), workspace.get()}; }
 };
 
 // Median of `reps` timed runs in milliseconds, or a negative value when the plan fails.
 float time_plan(cudnnHandle_t handle, const Built& b, Scratch& s, cudaStream_t stream) {
-  auto run = [&] { return run_plan(handle, *b.plan, s.x.get(), s.w.get(), s.y.get(),
-                                   s.workspace.get()); };
+  auto run = [&] { return run_plan(handle, *b.plan, s.operands()); };
   if (run() != CUDNN_STATUS_SUCCESS) return -1.f;  // warm-up; also loads the kernels
   constexpr int kReps = 3;
   std::vector<float> ms;
@@ -214,23 +222,23 @@ float time_plan(cudnnHandle_t handle, const Built& b, Scratch& s, cudaStream_t s
 }
 
 Selected pick_heuristic(const std::vector<Candidate>& all, const ConvProblem& p,
-                        const EngineRequest& r, cudnnHandle_t handle) {
+                        const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
   std::string last;
   std::vector<Built> plans = usable_plans(all, p, r, handle, 1, &last);
   if (plans.empty()) no_engine(p, all.size(), last);
-  return to_selected(all, plans[0], "heuristic");
+  return to_selected(all, plans[0], "heuristic", g.fused);
 }
 
 // What torch.backends.cudnn.benchmark does: time cuDNN's best few and keep the fastest.
 Selected pick_benchmark(const std::vector<Candidate>& all, const ConvProblem& p,
-                        const EngineRequest& r, cudnnHandle_t handle) {
+                        const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
   constexpr size_t kMaxTimed = 8;
   std::string last;
   std::vector<Built> plans = usable_plans(all, p, r, handle, kMaxTimed, &last);
   if (plans.empty()) no_engine(p, all.size(), last);
   size_t ws = 0;
   for (const Built& b : plans) ws = std::max(ws, b.workspace);
-  Scratch scratch(p, ws, r.stream);
+  Scratch scratch(p, g, ws, r.stream);
   int best = -1;
   float best_ms = 0.f;
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -242,14 +250,15 @@ Selected pick_benchmark(const std::vector<Candidate>& all, const ConvProblem& p,
   }
   check_cuda(cudaStreamSynchronize(r.stream), "cudaStreamSynchronize");
   if (best < 0) no_engine(p, all.size(), "every timed engine failed to execute");
-  return to_selected(all, plans[static_cast<size_t>(best)], "benchmark");
+  return to_selected(all, plans[static_cast<size_t>(best)], "benchmark", g.fused);
 }
 
 Selected pick_given(const std::vector<Candidate>& all, const ConvProblem& p,
-                    const EngineRequest& r, cudnnHandle_t handle) {
+                    const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
   int64_t index = r.given_id & 0xffff;
-  int64_t engine = r.given_id >> 16;
-  if (r.given_id < 0 || index >= static_cast<int64_t>(all.size()) ||
+  int64_t engine = (r.given_id >> 16) & 0xffffff;
+  if (r.given_id < 0 || algo_id_is_fused(r.given_id) != g.fused ||
+      index >= static_cast<int64_t>(all.size()) ||
       all[static_cast<size_t>(index)].global_index != engine)
     fail(FDNN_ERROR_INVALID_ARGUMENT,
          "cudnn: algo id %lld does not name an engine cuDNN offers for this problem here "
@@ -266,7 +275,7 @@ Selected pick_given(const std::vector<Candidate>& all, const ConvProblem& p,
   if (!build_plan(c, handle, r.workspace_budget, &b, &why))
     fail(FDNN_ERROR_UNSUPPORTED, "cudnn: algo id %lld cannot be used: %s [%s]",
          static_cast<long long>(r.given_id), why.c_str(), p.description.c_str());
-  return to_selected(all, b, "given");
+  return to_selected(all, b, "given", g.fused);
 }
 
 }  // namespace
@@ -275,14 +284,14 @@ Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineReq
                        cudnnHandle_t handle) {
   std::vector<Candidate> all = engine_candidates(g);
   switch (r.policy) {
-    case FDNN_ALGO_BENCHMARK: return pick_benchmark(all, p, r, handle);
-    case FDNN_ALGO_GIVEN: return pick_given(all, p, r, handle);
+    case FDNN_ALGO_BENCHMARK: return pick_benchmark(all, p, g, r, handle);
+    case FDNN_ALGO_GIVEN: return pick_given(all, p, g, r, handle);
     case FDNN_ALGO_HEURISTIC: break;
     default:
       fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: unknown algo_policy %d",
            static_cast<int>(r.policy));
   }
-  return pick_heuristic(all, p, r, handle);
+  return pick_heuristic(all, p, g, r, handle);
 }
 
 DescPtr plan_for_handle(const Desc& config, cudnnHandle_t handle) {
@@ -293,21 +302,22 @@ DescPtr plan_for_handle(const Desc& config, cudnnHandle_t handle) {
   return plan;
 }
 
-cudnnStatus_t run_plan(cudnnHandle_t handle, const Desc& plan, void* x, void* w, void* y,
-                       void* workspace) {
+cudnnStatus_t run_plan(cudnnHandle_t handle, const Desc& plan, const Operands& o) {
   // A variant pack binds this call's pointers; the plan itself is reused untouched.
   const CudnnLib& lib = cudnn();
   cudnnBackendDescriptor_t pack = nullptr;
   cudnnStatus_t status = lib.BackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR,
                                                      &pack);
   if (status != CUDNN_STATUS_SUCCESS) return status;
-  int64_t uids[] = {kUidX, kUidW, kUidY};
-  void* pointers[] = {x, w, y};
+  int64_t uids[] = {kUidX, kUidW, kUidY, kUidBias};
+  void* pointers[] = {o.x, o.w, o.y, o.bias};
+  int64_t count = o.bias != nullptr ? 4 : 3;
+  void* workspace = o.workspace;
   status = lib.BackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
-                                   3, uids);
+                                   count, uids);
   if (status == CUDNN_STATUS_SUCCESS)
     status = lib.BackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                                     CUDNN_TYPE_VOID_PTR, 3, pointers);
+                                     CUDNN_TYPE_VOID_PTR, count, pointers);
   if (status == CUDNN_STATUS_SUCCESS)
     status = lib.BackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
                                      CUDNN_TYPE_VOID_PTR, 1, &workspace);

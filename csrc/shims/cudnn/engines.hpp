@@ -2,8 +2,9 @@
 // list, then its fallback list), filtered by the caller's flags (deterministic, reduced
 // precision) and workspace budget, picked by heuristic order, by timing (benchmark), or by
 // an id returned earlier (given). The id is stable for one cuDNN version, device and
-// problem: (engine global index << 16) | position in the candidate list, so a stale id from
-// another cuDNN is recognised instead of silently running something else.
+// problem: (fused graph << 40) | (engine global index << 16) | position in the candidate
+// list, so a stale id from another cuDNN is recognised instead of silently running
+// something else.
 #pragma once
 
 #include <string>
@@ -36,8 +37,20 @@ Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineReq
 // for this reason), so each handle gets its own.
 DescPtr plan_for_handle(const Desc& config, cudnnHandle_t handle);
 
-// Runs a finalized plan; pointers in x, w, y role order (see conv_graph.hpp).
-cudnnStatus_t run_plan(cudnnHandle_t handle, const Desc& plan, void* x, void* w, void* y,
-                       void* workspace);
+// The device pointers of one execution, in the graph's x, w, y roles; bias only for a
+// graph that binds it.
+struct Operands {
+  void* x = nullptr;
+  void* w = nullptr;
+  void* y = nullptr;
+  void* bias = nullptr;
+  void* workspace = nullptr;
+};
+
+// Whether an algo id came from a fused graph (see select_engine).
+inline bool algo_id_is_fused(int64_t id) { return id >= 0 && ((id >> 40) & 1) != 0; }
+
+// Runs a finalized plan.
+cudnnStatus_t run_plan(cudnnHandle_t handle, const Desc& plan, const Operands& operands);
 
 }  // namespace fdnn_cudnn
