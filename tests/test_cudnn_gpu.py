@@ -289,9 +289,9 @@ def test_forward_epilogue_alpha_activation_beta(lib, rng, dtype, activation):
                                err_msg=str(c))
 
 
-@pytest.mark.parametrize("activation", [None] + list(ACTIVATIONS), ids=str)
+@pytest.mark.parametrize("activation", [None, "relu", "silu", ("clip", -0.5, 0.5)], ids=str)
 @pytest.mark.parametrize("layout_name", LAYOUTS)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_forward_bias_activation_fusable(lib, rng, dtype, layout_name, activation):
     """alpha 1, beta 0: the shape cuDNN's fused conv+bias+activation graphs take (the shim
     uses one when cuDNN offers an engine, else its own epilogue kernel)."""
@@ -300,7 +300,7 @@ def test_forward_bias_activation_fusable(lib, rng, dtype, layout_name, activatio
     x, w, b, _ = operands(rng, c, dtype)
     conv = ref.conv_forward(x, w, b, c["stride"], c["lo"], c["hi"], c["dilation"], c["groups"])
     expected = conv if activation is None else ACTIVATIONS[activation](conv)
-    for algorithm in ("heuristic", "benchmark"):
+    for algorithm in ("heuristic", "benchmark") if activation == "relu" else ("heuristic",):
         xd = layout(lib, lib.put(x, dtype), layout_name)
         out = poisoned(lib, expected.shape, xd, layout_name)
         flux_dnn.conv(xd, lib.put(w, dtype), lib.put(b, dtype), activation=activation, out=out,

@@ -16,6 +16,7 @@ struct Candidate {
   std::vector<DescPtr> knobs;
   int64_t global_index = -1;
   std::vector<cudnnBackendNumericalNote_t> notes;
+  bool runtime_compiled = false;  // finalizing compiles kernels (NVRTC): about a second
   std::string label;  // "engine 12 {2=3,14=4}": global index and knob type=value
 };
 
@@ -75,6 +76,11 @@ Candidate describe_config(DescPtr cfg) {
   int64_t n = c.engine->get(CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                             CUDNN_NUMERICAL_NOTE_TYPE_COUNT, notes);
   c.notes.assign(notes, notes + n);
+  cudnnBackendBehaviorNote_t behavior[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+  int64_t nb = c.engine->get(CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                             CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, behavior);
+  for (int64_t i = 0; i < nb; ++i)
+    c.runtime_compiled |= behavior[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION;
   read_knobs(&c);
   return c;
 }
@@ -169,17 +175,20 @@ Selected to_selected(const std::vector<Candidate>& all, const Built& b, const ch
        n, last.empty() ? "none offered" : last.c_str(), p.description.c_str());
 }
 
-// The plans that pass the flags and the budget, in cuDNN's order, at most `limit`.
+// The plans that pass the flags and the budget, in cuDNN's order, at most `limit`, of which
+// at most `compiled_limit` need kernels compiled at run time (each costs about a second).
 std::vector<Built> usable_plans(const std::vector<Candidate>& all, const ConvProblem& p,
                                 const EngineRequest& r, cudnnHandle_t handle, size_t limit,
-                                std::string* last_refusal) {
+                                size_t compiled_limit, std::string* last_refusal) {
   std::vector<Built> plans;
+  size_t compiled = 0;
   for (size_t i = 0; i < all.size() && plans.size() < limit; ++i) {
     std::string why = excluded_by_flags(all[i], p);
     if (!why.empty()) {
       *last_refusal = all[i].label + " is " + why;
       continue;
     }
+    if (all[i].runtime_compiled && compiled++ >= compiled_limit) continue;
     Built b;
     b.index = i;
     if (build_plan(all[i], handle, r.workspace_budget, &b, last_refusal)) plans.push_back(b);
@@ -224,7 +233,7 @@ float time_plan(cudnnHandle_t handle, const Built& b, Scratch& s, cudaStream_t s
 Selected pick_heuristic(const std::vector<Candidate>& all, const ConvProblem& p,
                         const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
   std::string last;
-  std::vector<Built> plans = usable_plans(all, p, r, handle, 1, &last);
+  std::vector<Built> plans = usable_plans(all, p, r, handle, 1, SIZE_MAX, &last);
   if (plans.empty()) no_engine(p, all.size(), last);
   return to_selected(all, plans[0], "heuristic", g.fused);
 }
@@ -232,9 +241,9 @@ Selected pick_heuristic(const std::vector<Candidate>& all, const ConvProblem& p,
 // What torch.backends.cudnn.benchmark does: time cuDNN's best few and keep the fastest.
 Selected pick_benchmark(const std::vector<Candidate>& all, const ConvProblem& p,
                         const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
-  constexpr size_t kMaxTimed = 8;
+  constexpr size_t kMaxTimed = 8, kMaxCompiled = 2;
   std::string last;
-  std::vector<Built> plans = usable_plans(all, p, r, handle, kMaxTimed, &last);
+  std::vector<Built> plans = usable_plans(all, p, r, handle, kMaxTimed, kMaxCompiled, &last);
   if (plans.empty()) no_engine(p, all.size(), last);
   size_t ws = 0;
   for (const Built& b : plans) ws = std::max(ws, b.workspace);
