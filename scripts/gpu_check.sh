@@ -58,7 +58,7 @@ tail -3 "$LOGS/pytest.txt"
 [ $test_rc -eq 0 ] || status=1
 
 step "benchmark (quick)"
-timeout 170 "$PY" benchmarks/bench_cuda.py --quick --budget-s 120 --json "$LOGS/bench.json" \
+timeout 130 "$PY" benchmarks/bench_cuda.py --quick --budget-s 90 --json "$LOGS/bench.json" \
   > "$LOGS/bench.txt" 2>&1
 bench_rc=$?
 [ $bench_rc -eq 0 ] || { tail -20 "$LOGS/bench.txt"; status=1; }
