@@ -180,3 +180,40 @@ def test_transpose_errors(rng):
         flux_dnn.conv_transpose2d(x, w[:3])
     with pytest.raises(ValueError, match=r"padding: a transposed convolution takes ints"):
         flux_dnn.conv_transpose2d(x, w, padding="same")
+
+
+def test_strided_views_work_or_raise(rng):
+    """Views with steps, channel slices, transposes and broadcast inputs compute correctly;
+    negative strides, overlapping outputs and outputs aliasing an input raise ValueError."""
+    import reference as ref
+
+    x = rng.standard_normal((2, 4, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
+    views = [(x[:, :, ::2, ::3], w), (x[:, 1:3], w[:, 1:3]), (x.transpose(0, 1, 3, 2), w),
+             (np.broadcast_to(x[:1], x.shape), w), (x, w.transpose(0, 1, 3, 2))]
+    for xv, wv in views:
+        expected = ref.conv_forward(xv, wv)
+        np.testing.assert_allclose(flux_dnn.conv2d(xv, wv), expected, rtol=2e-4, atol=2e-4 * np.abs(expected).max())
+    out = np.full((2, 3, 20, 10), np.nan, np.float32)[:, :, ::2]
+    flux_dnn.conv2d(x, w, out=out)
+    np.testing.assert_allclose(out, ref.conv_forward(x, w), rtol=2e-4, atol=1e-3)
+    with pytest.raises(ValueError, match=r"x: negative strides are not supported"):
+        flux_dnn.conv2d(x[:, :, ::-1], w)
+    square = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    kernel = rng.standard_normal((3, 3, 3, 3)).astype(np.float32)
+    before = square.copy()
+    with pytest.raises(ValueError, match=r"out shares memory with x"):
+        flux_dnn.conv2d(square, kernel, padding=1, out=square)
+    np.testing.assert_array_equal(square, before)
+    plan = flux_dnn.conv_plan(square, kernel, padding=1)
+    with pytest.raises(ValueError, match=r"out shares memory with x"):
+        plan(square, out=square)
+
+
+def test_overlapping_output_is_refused(rng):
+    torch = pytest.importorskip("torch", reason="a writable zero-stride view needs torch.expand")
+    x = torch.randn(2, 3, 6, 6)
+    w = torch.randn(4, 3, 3, 3)
+    out = torch.zeros(1, 4, 4, 4).expand(2, 4, 4, 4)
+    with pytest.raises(ValueError, match=r"out: the output has overlapping elements"):
+        flux_dnn.conv2d(x, w, out=out)

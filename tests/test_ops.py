@@ -195,3 +195,19 @@ def test_benchmark_algorithm_and_given_id(rng, tmp_path):
     assert lines[0] == "flux_dnn autotune v1" and len(lines) == 2
     with pytest.raises(ValueError, match=r"algo_id 7 is not a oneDNN shim algorithm"):
         flux_dnn.conv2d(x, w, padding=1, algorithm=7)
+
+
+def test_missing_instruction_set_is_named():
+    """float16 on a CPU without AVX512-FP16 (simulated by capping oneDNN's ISA): a clear
+    UnsupportedError that names the instruction set, not a crash or a slow fallback."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, flux_dnn\n"
+            "x = np.ones((1, 2, 5, 5), np.float16); w = np.ones((2, 2, 3, 3), np.float16)\n"
+            "try:\n    flux_dnn.conv2d(x, w)\nexcept flux_dnn.UnsupportedError as e:\n    print(e)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert result.returncode == 0, result.stderr
+    assert "float16 on this CPU, whose instruction set is avx2; float16 needs avx512_core_fp16" in result.stdout
+    assert "x=[1,2,5,5]" in result.stdout  # the convolution's parameters come with it

@@ -58,6 +58,8 @@ std::string device_text(const FDNN_DLDevice& d) {
   return "device type " + std::to_string(d.device_type) + " id " + std::to_string(d.device_id);
 }
 
+void check_memory(const BorrowedTensor* all[4], const char* const names[4], const bool written[4]);
+
 // Checks what the ABI promises the shim: same device and dtype everywhere, the shim's
 // device type, ranks, and writable outputs. The Python layer has said all this with better
 // words already; this is the last line, so that no caller of the core can break a shim.
@@ -86,6 +88,44 @@ void check_operands(const ShimLibrary& shim, const ConvSpec& spec, const Roles& 
       throw py::type_error(std::string(names[i]) + " and " + r.x + " have different dtypes");
     if (written[i] && all[i]->read_only())
       throw py::value_error(std::string(names[i]) + ": the array is read-only");
+  }
+  check_memory(all, names, written);
+}
+
+// [first byte, one past the last byte] an array touches.
+std::pair<uintptr_t, uintptr_t> byte_extent(const BorrowedTensor& t) {
+  const FDNN_DLTensor& d = t.desc();
+  uintptr_t first = reinterpret_cast<uintptr_t>(t.first_element());
+  uint64_t span = 1;
+  for (int i = 0; i < d.ndim; ++i) span += static_cast<uint64_t>(d.shape[i] - 1) * d.strides[i];
+  return {first, first + span * ((d.dtype.bits + 7) / 8)};
+}
+
+// Layout rules no vendor can serve: negative strides anywhere; a written array whose
+// elements overlap (a zero stride); a written array that shares memory with an operand.
+void check_memory(const BorrowedTensor* all[4], const char* const names[4], const bool written[4]) {
+  for (int i = 0; i < 4; ++i) {
+    if (!all[i]->present()) continue;
+    const FDNN_DLTensor& d = all[i]->desc();
+    for (int k = 0; k < d.ndim; ++k) {
+      if (d.strides[k] < 0)
+        throw py::value_error(std::string(names[i]) + ": negative strides are not supported "
+                              "(pass a copy, e.g. numpy.ascontiguousarray)");
+      if (written[i] && d.strides[k] == 0 && d.shape[k] > 1)
+        throw py::value_error(std::string(names[i]) + ": the output has overlapping elements "
+                              "(a zero stride, as from broadcasting)");
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (!written[i] || !all[i]->present()) continue;
+    auto [lo, hi] = byte_extent(*all[i]);
+    for (int j = 0; j < 4; ++j) {
+      if (j == i || !all[j]->present()) continue;
+      auto [other_lo, other_hi] = byte_extent(*all[j]);
+      if (lo < other_hi && other_lo < hi)
+        throw py::value_error(std::string(names[i]) + " shares memory with " + names[j] +
+                              "; the result must go to memory no operand uses");
+    }
   }
 }
 
@@ -184,6 +224,38 @@ void* cpu_workspace(size_t bytes) {
   return buffer.data;
 }
 
+// Executes a plan on first-element pointers, with a workspace from the per-thread CPU buffer
+// or, on GPUs, from the array library's allocator.
+void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle stream,
+             py::handle workspace_alloc) {
+  FDNN_Conv_Plan_Execute_Args e{};
+  e.struct_size = FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE;
+  e.plan = plan.handle;
+  e.x = x;
+  e.w = w;
+  e.y = y;
+  e.bias = bias;
+  e.workspace_size = plan.workspace_size;
+  e.stream = stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
+  py::object workspace_array;  // keeps a GPU workspace alive until the work is enqueued
+  std::optional<BorrowedTensor> workspace;
+  if (plan.workspace_size > 0) {
+    if (workspace_alloc.is_none()) {
+      e.workspace = cpu_workspace(plan.workspace_size);
+    } else {
+      workspace_array = workspace_alloc(plan.workspace_size);
+      workspace.emplace(workspace_array, "workspace", stream);
+      e.workspace = workspace->first_element();
+    }
+  }
+  FDNN_Error* error;
+  {
+    py::gil_scoped_release no_gil;
+    error = plan.shim->api().Conv_Plan_Execute(&e);
+  }
+  plan.shim->check(error, "executing " + plan.algo_name);
+}
+
 }  // namespace
 
 void ConvSpec::finish() {
@@ -219,33 +291,116 @@ ConvResult run_conv(const ShimLibrary& shim, const ConvSpec& spec, py::handle x_
   if (!plan)
     plan = plan_cache().insert(key, create_plan(shim, spec, x, w, y, bias, key, stream));
 
-  FDNN_Conv_Plan_Execute_Args e{};
-  e.struct_size = FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE;
-  e.plan = plan->handle;
-  e.x = x.first_element();
-  e.w = w.first_element();
-  e.y = y.first_element();
-  e.bias = bias.present() ? bias.first_element() : nullptr;
-  e.workspace_size = plan->workspace_size;
-  e.stream = stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
-  py::object workspace_array;  // keeps a GPU workspace alive until the work is enqueued
-  std::optional<BorrowedTensor> workspace;
-  if (plan->workspace_size > 0) {
-    if (workspace_alloc.is_none()) {
-      e.workspace = cpu_workspace(plan->workspace_size);
-    } else {
-      workspace_array = workspace_alloc(plan->workspace_size);
-      workspace.emplace(workspace_array, "workspace", stream);
-      e.workspace = workspace->first_element();
-    }
+  execute(*plan, x.first_element(), w.first_element(), y.first_element(),
+          bias.present() ? bias.first_element() : nullptr, stream, workspace_alloc);
+  return ConvResult{plan->workspace_size, plan->algo_id, plan->algo_name};
+}
+
+namespace {
+
+std::string signature(const BorrowedTensor& t) {
+  std::string key;
+  if (t.present()) {
+    append_tensor(key, t.desc());
+    append(key, t.desc().device);
   }
+  return key;
+}
+
+std::string dims_text(const int64_t* v, int n) {
+  std::string out = "(";
+  for (int i = 0; i < n; ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + (n == 1 ? ",)" : ")");
+}
+
+// Names what differs between an array and the one a PackedConv was made for.
+[[noreturn]] void mismatch(const char* name, const BorrowedTensor& t, const std::string& planned) {
+  std::string what = "its shape, layout, dtype or device";
+  if (!t.present() || planned.empty()) {
+    what = t.present() ? "it was made without one" : "it was made with one";
+  } else {
+    int32_t ndim;
+    std::memcpy(&ndim, planned.data(), sizeof ndim);
+    const size_t shape_at = sizeof(int32_t) + sizeof(FDNN_DLDataType);
+    const auto* shape = reinterpret_cast<const int64_t*>(planned.data() + shape_at);
+    if (ndim != t.desc().ndim || std::memcmp(shape, t.desc().shape, sizeof(int64_t) * ndim) != 0)
+      what = "shape " + dims_text(t.desc().shape, t.desc().ndim) + " is not the planned " +
+             dims_text(shape, ndim);
+    else if (std::memcmp(planned.data() + sizeof(int32_t), &t.desc().dtype, sizeof(FDNN_DLDataType)))
+      throw py::type_error(std::string(name) + ": does not fit this convolution plan: its dtype (" +
+                           std::to_string(t.desc().dtype.bits) + "-bit, DLPack code " +
+                           std::to_string(t.desc().dtype.code) + ") is not the planned one");
+    else if (std::memcmp(shape + ndim, t.desc().strides, sizeof(int64_t) * ndim) != 0)
+      what = "strides " + dims_text(t.desc().strides, ndim) + " are not the planned layout " +
+             dims_text(shape + ndim, ndim);
+    else
+      what = "device differs from the planned one";
+  }
+  throw py::value_error(std::string(name) + ": does not fit this convolution plan: " + what);
+}
+
+}  // namespace
+
+PackedConv::PackedConv(const ShimLibrary& shim, const ConvSpec& spec, py::handle x_array,
+                       py::handle w_array, py::handle y_array, py::handle bias_array,
+                       py::handle stream) {
+  if (spec.op != FDNN_CONV_FORWARD) throw py::value_error("a packed plan is a forward convolution");
+  const Roles& r = roles_of(spec.op);
+  BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
+  BorrowedTensor bias(bias_array, r.bias, stream);
+  check_operands(shim, spec, r, x, w, y, bias);
+  std::string key = plan_key(shim, spec, x, w, y, bias);
+  std::shared_ptr<Plan> plan = plan_cache().find(key);
+  if (!plan) plan = plan_cache().insert(key, create_plan(shim, spec, x, w, y, bias, key, stream));
+  x_signature_ = signature(x);
+  y_signature_ = signature(y);
+  bias_signature_ = signature(bias);
+  keep_w_ = py::none();
+  FDNN_Conv_Plan_Pack_Weights* pack = shim.pack_weights_fn();
+  if (pack == nullptr) {  // an ABI 1.0 shim: keep the caller's weights and pass them each call
+    plan_ = plan;
+    keep_w_ = py::reinterpret_borrow<py::object>(w_array);
+    return;
+  }
+  FDNN_Conv_Plan_Pack_Weights_Args a{};
+  a.struct_size = FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE;
+  a.plan = plan->handle;
+  a.w = w.first_element();
+  a.stream = stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
   FDNN_Error* error;
   {
     py::gil_scoped_release no_gil;
-    error = shim.api().Conv_Plan_Execute(&e);
+    error = pack(&a);
   }
-  shim.check(error, "executing " + plan->algo_name);
-  return ConvResult{plan->workspace_size, plan->algo_id, plan->algo_name};
+  shim.check(error, "packing weights");
+  FDNN_Conv_Plan_Create_Args created{};
+  created.plan = a.packed_plan;
+  created.workspace_size = a.workspace_size;
+  created.chosen_algo_id = plan->algo_id;
+  created.algo_name = nullptr;
+  plan_ = std::make_shared<Plan>(&shim, created);
+  plan_->algo_name = plan->algo_name + " [packed weights]";
 }
+
+ConvResult PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_array,
+                           py::handle stream, py::handle workspace_alloc) const {
+  BorrowedTensor x(x_array, "x", stream), y(y_array, "out", stream), bias(bias_array, "bias", stream);
+  if (signature(x) != x_signature_) mismatch("x", x, x_signature_);
+  if (signature(y) != y_signature_) mismatch("out", y, y_signature_);
+  if (signature(bias) != bias_signature_) mismatch("bias", bias, bias_signature_);
+  if (y.read_only()) throw py::value_error("out: the array is read-only");
+  BorrowedTensor no_w(py::none(), "w", stream);
+  const BorrowedTensor* all[4] = {&x, &no_w, &y, &bias};
+  const char* const names[4] = {"x", "w", "out", "bias"};
+  const bool written[4] = {false, false, true, false};
+  check_memory(all, names, written);
+  std::optional<BorrowedTensor> w;
+  if (!keep_w_.is_none()) w.emplace(keep_w_, "w", stream);
+  execute(*plan_, x.first_element(), w ? w->first_element() : nullptr, y.first_element(),
+          bias.present() ? bias.first_element() : nullptr, stream, workspace_alloc);
+  return ConvResult{plan_->workspace_size, plan_->algo_id, plan_->algo_name};
+}
+
+std::string PackedConv::algo_name() const { return plan_->algo_name; }
 
 }  // namespace fdnn_core

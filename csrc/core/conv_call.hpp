@@ -3,6 +3,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <string>
 
 #include "flux_dnn/flux_dnn.h"
@@ -46,5 +47,26 @@ struct ConvResult {
 ConvResult run_conv(const ShimLibrary& shim, const ConvSpec& spec, pybind11::handle x,
                     pybind11::handle w, pybind11::handle y, pybind11::handle bias,
                     pybind11::handle stream, pybind11::handle workspace_alloc);
+
+struct Plan;
+
+// A forward convolution fixed for one set of shapes, strides, dtypes and device, whose
+// weights the shim has packed into its own layout once (when it can: ABI >= 1.1). Calls skip
+// the plan cache and the weight reorder; the arrays are only compared with what was planned.
+class PackedConv {
+ public:
+  PackedConv(const ShimLibrary& shim, const ConvSpec& spec, pybind11::handle x,
+             pybind11::handle w, pybind11::handle y, pybind11::handle bias,
+             pybind11::handle stream);
+  ConvResult run(pybind11::handle x, pybind11::handle y, pybind11::handle bias,
+                 pybind11::handle stream, pybind11::handle workspace_alloc) const;
+  bool packed() const { return keep_w_.is_none(); }
+  std::string algo_name() const;
+
+ private:
+  std::shared_ptr<Plan> plan_;
+  pybind11::object keep_w_;  // the caller's weights when the shim cannot pack (else None)
+  std::string x_signature_, y_signature_, bias_signature_;
+};
 
 }  // namespace fdnn_core

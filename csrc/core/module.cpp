@@ -141,6 +141,16 @@ PYBIND11_MODULE(_core, m) {
         py::arg("y"), py::arg("bias"), py::arg("stream"), py::arg("workspace_alloc"),
         "Run spec on DLPack arrays; the written array must exist. Returns the plan's facts.");
 
+  py::class_<PackedConv>(m, "PackedConv")
+      .def(py::init<const ShimLibrary&, const ConvSpec&, py::handle, py::handle, py::handle,
+                    py::handle, py::handle>(),
+           py::arg("shim"), py::arg("spec"), py::arg("x"), py::arg("w"), py::arg("y"),
+           py::arg("bias"), py::arg("stream"), py::keep_alive<1, 2>())
+      .def("run", &PackedConv::run, py::arg("x"), py::arg("y"), py::arg("bias"),
+           py::arg("stream"), py::arg("workspace_alloc"))
+      .def_property_readonly("packed", &PackedConv::packed)
+      .def_property_readonly("algo_name", &PackedConv::algo_name);
+
   m.def("plan_cache_info", [] {
     PlanCacheStats s = plan_cache().stats();
     py::dict d;

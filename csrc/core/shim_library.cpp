@@ -18,9 +18,10 @@ std::string version_text(int32_t major, int32_t minor) {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
-// Every function of ABI 1.0 must be present; a table that lacks one is broken.
+// Every function of ABI 1.0 must be present; a table that lacks one is broken. Later
+// (minor) functions are optional: see ShimLibrary::pack_weights_fn.
 bool table_complete(const FDNN_Api* api) {
-  return api->struct_size >= FDNN_Api_STRUCT_SIZE && api->Error_Destroy && api->Error_Describe &&
+  return api->struct_size >= FDNN_Api_STRUCT_SIZE_1_0 && api->Error_Destroy && api->Error_Describe &&
          api->Shim_Info && api->Device_Describe && api->Conv_Plan_Create &&
          api->Conv_Plan_Execute && api->Plan_Destroy;
 }

@@ -14,6 +14,12 @@ class ShimLibrary {
   static ShimLibrary* load(const std::string& path);
 
   const FDNN_Api& api() const { return *api_; }
+  // Conv_Plan_Pack_Weights when the shim has it (ABI >= 1.1 and not NULL), else NULL.
+  FDNN_Conv_Plan_Pack_Weights* pack_weights_fn() const {
+    bool present = api_->abi_minor >= 1 &&
+                   api_->struct_size >= FDNN_STRUCT_SIZE(FDNN_Api, Conv_Plan_Pack_Weights);
+    return present ? api_->Conv_Plan_Pack_Weights : nullptr;
+  }
   const std::string& path() const { return path_; }
   const std::string& name() const { return name_; }
   int32_t device_type() const { return device_type_; }

@@ -14,6 +14,7 @@ from ._core import (
     UnsupportedError,
     VendorError,
 )
+from ._conv import ConvPlan
 from ._discovery import ShimSpec, ShimStatus, shims
 from ._api import (
     conv,
@@ -22,6 +23,7 @@ from ._api import (
     conv3d,
     conv_backward_bias,
     conv_backward_data,
+    conv_plan,
     conv_backward_weight,
     conv_transpose,
     conv_transpose1d,
@@ -48,6 +50,8 @@ __all__ = [
     "conv2d",
     "conv3d",
     "conv_backward_bias",
+    "conv_plan",
+    "ConvPlan",
     "conv_backward_data",
     "conv_backward_weight",
     "conv_transpose",

@@ -43,6 +43,11 @@ class ArrayAPIAdapter:
     def export(self, a):
         return a  # the object whose __dlpack__ the core calls
 
+    def key(self, a) -> tuple:
+        """A cheap hashable summary (type, shape, dtype, layout, device) for the call memo:
+        two arrays with equal keys need the same plan and give the same output allocation."""
+        return (type(a), tuple(a.shape), str(a.dtype), self.device(a))
+
     def device(self, a) -> tuple:
         dev = a.__dlpack_device__()
         return (int(dev[0]), int(dev[1]))
@@ -79,6 +84,9 @@ class ArrayAPIAdapter:
 class NumpyAdapter(ArrayAPIAdapter):
     name = "numpy"
 
+    def key(self, a):
+        return (type(a), a.shape, a.dtype, a.strides)
+
     def device(self, a):
         return (CPU, 0)
 
@@ -103,6 +111,9 @@ class NumpyAdapter(ArrayAPIAdapter):
 
 class TorchAdapter(ArrayAPIAdapter):
     name = "torch"
+
+    def key(self, a):
+        return (type(a), a.shape, a.dtype, a.stride(), a.device)
 
     def export(self, a):
         return a.detach() if a.requires_grad else a
@@ -143,6 +154,9 @@ class TorchAdapter(ArrayAPIAdapter):
 
 class CupyAdapter(ArrayAPIAdapter):
     name = "cupy"
+
+    def key(self, a):
+        return (type(a), a.shape, a.dtype, a.strides, a.device.id)
 
     def device(self, a):
         return (CUDA, int(a.device.id))
@@ -186,6 +200,8 @@ def adapter_for(a, argname: str):
     adapter = _BY_TYPE.get(t)
     if adapter is not None:
         return adapter
+    if t is type(None):
+        raise TypeError(f"{argname}: expected an array, got None")
     root = t.__module__.split(".", 1)[0]
     adapter = _BY_MODULE.get(root)
     if adapter is None:

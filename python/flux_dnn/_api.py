@@ -121,6 +121,15 @@ for _nd, _f in ((1, conv_transpose1d), (2, conv_transpose2d), (3, conv_transpose
     _f.__doc__ = f"{_nd}-D transposed convolution; see :func:`conv_transpose`."
 
 
+def conv_plan(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs) -> _conv.ConvPlan:
+    """A reusable forward convolution for inputs like x (same shape, dtype, layout, device):
+    the arguments are checked and the weights packed into the vendor's layout once, so each
+    ``plan(x)`` (or ``plan(x, out=y)``) is a single vendor call. Arguments as in
+    :func:`conv`, without ``out`` and ``beta``. The rank comes from x."""
+    nd = _rank_of(getattr(x, "shape", None), "x")
+    return _conv.ConvPlan(nd, x, w, bias, stride, padding, dilation, groups, **kwargs)
+
+
 def plan_cache_info() -> dict:
     """Hits, misses, evictions, size and capacity of the plan cache shared by all shims."""
     return _core.plan_cache_info()

@@ -13,7 +13,7 @@ import operator
 from typing import NamedTuple, Optional
 
 from . import _core
-from ._adapters import adapter_for, is_channels_last
+from ._adapters import _BY_TYPE, adapter_for, is_channels_last
 from ._discovery import REGISTRY, device_name
 
 FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT = 0, 1, 2
@@ -219,13 +219,17 @@ class _Prepared(NamedTuple):
     out_shape: tuple
     channels_last: bool
     bias_out_shape: Optional[tuple]  # backward-weight's bias gradient, when asked for
+    gpu: bool  # the arrays are on a device whose work is ordered on a stream
 
 
 def _remember(key, prepared: _Prepared) -> _Prepared:
-    if key is not None:
-        if len(_memo) >= _MEMO_LIMIT:
-            _memo.clear()
-        _memo[key] = prepared
+    try:
+        hash(key)
+    except TypeError:
+        return prepared
+    if len(_memo) >= _MEMO_LIMIT:
+        _memo.clear()
+    _memo[key] = prepared
     return prepared
 
 
@@ -237,28 +241,29 @@ def _make_spec(op, nd, stride, dilation, lo, hi, groups, alpha, beta, activation
                           None if workspace_limit is None else _int(workspace_limit, "workspace_limit"))
 
 
-def _key(*parts):
+def _sig(a, name: str) -> tuple:
+    """(adapter, memo key) of an array argument; None gives (None, None)."""
+    if a is None:
+        return None, None
+    ad = _BY_TYPE.get(type(a)) or adapter_for(a, name)
+    return ad, ad.key(a)
+
+
+def _lookup(key):
+    """The prepared call for a memo key, or None (also for unhashable arguments, such as
+    lists, which are then validated on every call)."""
     try:
-        hash(parts)
-        return parts
-    except TypeError:  # a list among the arguments: validate every time
+        return _memo.get(key)
+    except TypeError:
         return None
 
 
-def _execute(prepared: _Prepared, x, w, y, bias, like) -> None:
-    ad = like.adapter
-    arr = like.array
-    stream = ad.stream(arr)
-    _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, stream,
-                   None if like.device[0] == 1 else (lambda n: ad.workspace(arr, n)))
-
-
-def _empty(like: _Operand, shape: tuple, channels_last: bool):
-    return like.adapter.empty(like.array, shape, channels_last)
-
-
-def _has_zero(shape) -> bool:
-    return any(s == 0 for s in shape)
+def _execute(prepared: _Prepared, x, w, y, bias, ad, like) -> None:
+    """Run the prepared call; ad/like: the adapter and array whose library owns the work."""
+    if prepared.gpu:
+        _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, ad.stream(like), lambda n: ad.workspace(like, n))
+    else:
+        _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, None, None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -268,27 +273,26 @@ def _has_zero(shape) -> bool:
 def forward(nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None,
             out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
             algorithm="heuristic", workspace_limit=None):
-    xo, wo = _operand(x, "x"), _operand(w, "w")
-    bo = None if bias is None else _operand(bias, "bias")
     if beta != 0.0 and out is None:
         raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
-    key = _key(FORWARD, nd, xo.adapter, xo.shape, wo.shape, bo and bo.shape, xo.dtype, wo.dtype,
-               bo and bo.dtype, xo.device, wo.device, bo and bo.device, xo.adapter.strides(x),
-               stride, padding, dilation, groups, activation, alpha, beta, deterministic,
-               allow_reduced_precision, algorithm, workspace_limit)
-    prepared = _memo.get(key) if key is not None else None
+    ax, kx = _sig(x, "x")
+    aw, kw = _sig(w, "w")
+    ab, kb = _sig(bias, "bias")
+    key = (FORWARD, nd, kx, kw, kb, stride, padding, dilation, groups, activation, alpha, beta,
+           deterministic, allow_reduced_precision, algorithm, workspace_limit)
+    prepared = _lookup(key)
     if prepared is None:
-        prepared = _remember(key, _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups,
-                                                   activation, alpha, beta, deterministic,
-                                                   allow_reduced_precision, algorithm, workspace_limit))
+        prepared = _remember(key, _prepare_forward(
+            nd, _operand(x, "x"), _operand(w, "w"), None if bias is None else _operand(bias, "bias"),
+            stride, padding, dilation, groups, activation, alpha, beta, deterministic,
+            allow_reduced_precision, algorithm, workspace_limit))
     if out is None:
-        out = _empty(xo, prepared.out_shape, prepared.channels_last)
+        out = ax.empty(x, prepared.out_shape, prepared.channels_last)
     else:
-        _check_out(out, "out", prepared.out_shape, xo)
-    if xo.shape[0] == 0:
+        _check_out(out, "out", prepared.out_shape, _operand(x, "x"))
+    if prepared.out_shape[0] == 0:
         return out
-    _execute(prepared, xo.adapter.export(x), wo.adapter.export(w), out,
-             None if bias is None else bo.adapter.export(bias), xo)
+    _execute(prepared, ax.export(x), aw.export(w), out, None if bias is None else ab.export(bias), ax, x)
     return out
 
 
@@ -317,7 +321,7 @@ def _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, activati
     spec = _make_spec(FORWARD, nd, stride, dilation, lo, hi, groups, alpha, beta, activation, flags,
                       algorithm, workspace_limit)
     channels_last = is_channels_last(xo.shape, xo.adapter.strides(xo.array))
-    return _Prepared(entry.shim, spec, (N, K, *out_sp), channels_last, None)
+    return _Prepared(entry.shim, spec, (N, K, *out_sp), channels_last, None, xo.device[0] != 1)
 
 
 # ------------------------------------------------------------------------------------------
@@ -361,15 +365,16 @@ def _backward_spec(op, nd, geometry, alpha, beta, deterministic, allow_reduced_p
 def backward_data(nd, dy, w, input_shape, stride=1, padding=0, dilation=1, groups=1, *, out=None,
                   alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
                   algorithm="heuristic", workspace_limit=None):
-    dyo, wo = _operand(dy, "dy"), _operand(w, "w")
     if beta != 0.0 and out is None:
         raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
-    key = _key(BACKWARD_DATA, nd, dyo.adapter, dyo.shape, wo.shape, dyo.dtype, wo.dtype, dyo.device, wo.device,
-               dyo.adapter.strides(dy), tuple(input_shape) if isinstance(input_shape, (list, tuple)) else input_shape,
-               stride, padding, dilation, groups, alpha, beta, deterministic, allow_reduced_precision,
-               algorithm, workspace_limit)
-    prepared = _memo.get(key) if key is not None else None
+    ady, kdy = _sig(dy, "dy")
+    aw, kw = _sig(w, "w")
+    key = (BACKWARD_DATA, nd, kdy, kw, tuple(input_shape) if isinstance(input_shape, list) else input_shape,
+           stride, padding, dilation, groups, alpha, beta, deterministic, allow_reduced_precision, algorithm,
+           workspace_limit)
+    prepared = _lookup(key)
     if prepared is None:
+        dyo, wo = _operand(dy, "dy"), _operand(w, "w")
         _check_rank(dyo, nd, f"N, K, {_SPATIAL[nd]}")
         _check_rank(wo, nd, f"K, C/groups, {_KERNEL[nd]}")
         x_shape = _shape_arg(input_shape, nd, "input_shape", f"N, C, {_SPATIAL[nd]}")
@@ -379,29 +384,31 @@ def backward_data(nd, dy, w, input_shape, stride=1, padding=0, dilation=1, group
         spec = _backward_spec(BACKWARD_DATA, nd, geometry, alpha, beta, deterministic, allow_reduced_precision,
                               algorithm, workspace_limit, dyo.device[0])
         prepared = _remember(key, _Prepared(entry.shim, spec, x_shape,
-                                            is_channels_last(dyo.shape, dyo.adapter.strides(dy)), None))
+                                            is_channels_last(dyo.shape, dyo.adapter.strides(dy)), None,
+                                            dyo.device[0] != 1))
     if out is None:
-        out = _empty(dyo, prepared.out_shape, prepared.channels_last)
+        out = ady.empty(dy, prepared.out_shape, prepared.channels_last)
     else:
-        _check_out(out, "out", prepared.out_shape, dyo)
+        _check_out(out, "out", prepared.out_shape, _operand(dy, "dy"))
     if prepared.out_shape[0] == 0:
         return out
-    _execute(prepared, out, wo.adapter.export(w), dyo.adapter.export(dy), None, dyo)
+    _execute(prepared, out, aw.export(w), ady.export(dy), None, ady, dy)
     return out
 
 
 def backward_weight(nd, x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, bias_grad=False,
                     out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
                     algorithm="heuristic", workspace_limit=None):
-    xo, dyo = _operand(x, "x"), _operand(dy, "dy")
     if beta != 0.0 and out is None:
         raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
-    key = _key(BACKWARD_WEIGHT, nd, xo.adapter, xo.shape, dyo.shape, xo.dtype, dyo.dtype, xo.device, dyo.device,
-               tuple(weight_shape) if isinstance(weight_shape, (list, tuple)) else weight_shape, bool(bias_grad),
-               stride, padding, dilation, groups, alpha, beta, deterministic, allow_reduced_precision,
-               algorithm, workspace_limit)
-    prepared = _memo.get(key) if key is not None else None
+    ax, kx = _sig(x, "x")
+    ady, kdy = _sig(dy, "dy")
+    key = (BACKWARD_WEIGHT, nd, kx, kdy, tuple(weight_shape) if isinstance(weight_shape, list) else weight_shape,
+           bool(bias_grad), stride, padding, dilation, groups, alpha, beta, deterministic, allow_reduced_precision,
+           algorithm, workspace_limit)
+    prepared = _lookup(key)
     if prepared is None:
+        xo, dyo = _operand(x, "x"), _operand(dy, "dy")
         _check_rank(xo, nd, f"N, C, {_SPATIAL[nd]}")
         _check_rank(dyo, nd, f"N, K, {_SPATIAL[nd]}")
         w_shape = _shape_arg(weight_shape, nd, "weight_shape", f"K, C/groups, {_KERNEL[nd]}")
@@ -412,27 +419,29 @@ def backward_weight(nd, x, dy, weight_shape, stride=1, padding=0, dilation=1, gr
         entry = _shim_for(xo)
         spec = _backward_spec(BACKWARD_WEIGHT, nd, geometry, alpha, beta, deterministic, allow_reduced_precision,
                               algorithm, workspace_limit, xo.device[0])
-        prepared = _remember(key, _Prepared(entry.shim, spec, w_shape, False, (w_shape[0],) if bias_grad else None))
+        prepared = _remember(key, _Prepared(entry.shim, spec, w_shape, False, (w_shape[0],) if bias_grad else None,
+                                            xo.device[0] != 1))
     dw_out, db_out = out, None
     if bias_grad and out is not None:
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise ValueError("out: with bias_grad=True, out must be a (dw, db) pair")
         dw_out, db_out = out
-    dw = _empty(xo, prepared.out_shape, False) if dw_out is None else dw_out
-    if dw_out is not None:
-        _check_out(dw, "out", prepared.out_shape, xo)
+    if dw_out is None:
+        dw = ax.empty(x, prepared.out_shape, False)
+    else:
+        dw = dw_out
+        _check_out(dw, "out", prepared.out_shape, _operand(x, "x"))
     db = None
     if bias_grad:
-        db = _empty(xo, prepared.bias_out_shape, False) if db_out is None else db_out
+        db = ax.empty(x, prepared.bias_out_shape, False) if db_out is None else db_out
         if db_out is not None:
-            _check_out(db, "out[1]", prepared.bias_out_shape, xo)
-    if xo.shape[0] == 0:  # no samples: the gradient is zero (or out unchanged when accumulating)
-        if beta == 0.0:
-            for a in (dw, db):
-                if a is not None:
-                    a[...] = 0
+            _check_out(db, "out[1]", prepared.bias_out_shape, _operand(x, "x"))
+    if x.shape[0] == 0:  # no samples: the gradient is zero (or out unchanged when accumulating)
+        for a in (dw, db):
+            if a is not None:
+                a[...] = a * beta if beta != 0.0 else 0
         return (dw, db) if bias_grad else dw
-    _execute(prepared, xo.adapter.export(x), dw, dyo.adapter.export(dy), db, xo)
+    _execute(prepared, ax.export(x), dw, ady.export(dy), db, ax, x)
     return (dw, db) if bias_grad else dw
 
 
@@ -487,7 +496,7 @@ def transpose(nd, x, w, bias=None, stride=1, padding=0, output_padding=0, groups
     if not any(trim):
         y = backward_data(nd, x, w, full_shape, *geometry, out=out, **kwargs)
     else:
-        y = _empty(xo, full_shape, is_channels_last(xo.shape, xo.adapter.strides(x))) if out is None else out
+        y = xo.adapter.empty(x, full_shape, is_channels_last(xo.shape, xo.adapter.strides(x))) if out is None else out
         if out is not None:
             _check_out(out, "out", full_shape, xo)
         kept = tuple(slice(0, n - t) for n, t in zip(out_sp, trim))
@@ -500,3 +509,59 @@ def transpose(nd, x, w, bias=None, stride=1, padding=0, output_padding=0, groups
     if bias is not None:  # the ABI's backward-data has no bias epilogue: the library adds it
         y += bias.reshape((1, -1) + (1,) * nd) * alpha
     return y
+
+
+# ------------------------------------------------------------------------------------------
+# Reusable plans with packed weights
+
+
+class ConvPlan:
+    """A forward convolution fixed for one input shape, dtype, layout and device, with its
+    weights packed once into the layout the vendor computes in (when the shim can pack, which
+    the oneDNN shim does). Calling it skips argument checking, the plan cache and the weight
+    reorder; an input of another shape, dtype, layout or device raises ValueError or TypeError.
+    Later changes to the weights are not seen: make a new plan. Made by ``flux_dnn.conv_plan``."""
+
+    def __init__(self, nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None,
+                 alpha=1.0, deterministic=False, allow_reduced_precision=None, algorithm="heuristic",
+                 workspace_limit=None):
+        xo, wo = _operand(x, "x"), _operand(w, "w")
+        bo = None if bias is None else _operand(bias, "bias")
+        prepared = _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, activation, alpha, 0.0,
+                                    deterministic, allow_reduced_precision, algorithm, workspace_limit)
+        if prepared.out_shape[0] == 0:
+            raise ValueError(f"x: a convolution plan needs a batch of at least 1, got shape {xo.shape}")
+        self._type, self._adapter, self._like = type(x), xo.adapter, xo
+        self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
+        self._bias = None if bias is None else bo.adapter.export(bias)
+        sample = xo.adapter.empty(x, prepared.out_shape, prepared.channels_last)
+        stream = xo.adapter.stream(x)
+        self._packed = _core.PackedConv(prepared.shim, prepared.spec, xo.adapter.export(x), wo.adapter.export(w),
+                                        sample, self._bias, stream)
+        self._gpu = xo.device[0] != 1
+        self.input_shape, self.output_shape, self.dtype = xo.shape, prepared.out_shape, xo.dtype
+
+    @property
+    def algorithm(self) -> str:
+        """The vendor implementation this plan runs."""
+        return self._packed.algo_name
+
+    @property
+    def weights_packed(self) -> bool:
+        return self._packed.packed
+
+    def __call__(self, x, *, out=None):
+        if type(x) is not self._type:
+            raise TypeError(f"x: this plan was made for {self._type.__module__}.{self._type.__qualname__} arrays, "
+                            f"got {type(x).__module__}.{type(x).__qualname__}")
+        ad = self._adapter
+        if out is None:
+            out = ad.empty(x, self._out_shape, self._channels_last)
+        stream = ad.stream(x) if self._gpu else None
+        workspace = (lambda n: ad.workspace(x, n)) if self._gpu else None
+        self._packed.run(ad.export(x), out, self._bias, stream, workspace)
+        return out
+
+    def __repr__(self):
+        return (f"ConvPlan(input {self.input_shape} {self.dtype} -> output {self.output_shape}, "
+                f"{self.algorithm})")

@@ -35,6 +35,8 @@
  *       convolution (plan create / execute / destroy) for forward, backward-data and
  *       backward-weight over 1 to 3 spatial dims, with groups, asymmetric padding,
  *       alpha/beta, a fused bias and activation epilogue, algorithm policy and workspace.
+ *  1.1  Conv_Plan_Pack_Weights: a forward plan that owns its weights in the vendor's layout,
+ *       so repeated inference skips the weight reorder.
  */
 #ifndef FLUX_DNN_FLUX_DNN_H_
 #define FLUX_DNN_FLUX_DNN_H_
@@ -47,7 +49,7 @@ extern "C" {
 #endif
 
 #define FDNN_ABI_MAJOR 1
-#define FDNN_ABI_MINOR 0
+#define FDNN_ABI_MINOR 1
 
 /* Size of a struct up to and including `last_field`: what a caller writes to struct_size. */
 #define FDNN_STRUCT_SIZE(type, last_field) \
@@ -294,6 +296,22 @@ typedef struct {
 #define FDNN_Plan_Destroy_Args_STRUCT_SIZE FDNN_STRUCT_SIZE(FDNN_Plan_Destroy_Args, plan)
 typedef void FDNN_Plan_Destroy(FDNN_Plan_Destroy_Args* args);
 
+/* Since ABI 1.1. Makes a FORWARD plan that owns a copy of the weights, converted once into
+ * the layout the vendor computes in. The packed plan executes like `plan` but reads its own
+ * weights and ignores Conv_Plan_Execute's `w`; later changes to the caller's w are not seen.
+ * It needs the workspace size reported here, which may differ from the source plan's. */
+typedef struct {
+  size_t struct_size;
+  const FDNN_Plan* plan; /* borrowed: a FORWARD plan of this shim */
+  const void* w;         /* borrowed for this call: the weights, as described at plan time */
+  void* stream;          /* GPU stream the copy is ordered on; borrowed; NULL on CPU */
+  FDNN_Plan* packed_plan; /* out: owned by the caller, freed with Plan_Destroy */
+  size_t workspace_size;  /* out */
+} FDNN_Conv_Plan_Pack_Weights_Args;
+#define FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE \
+  FDNN_STRUCT_SIZE(FDNN_Conv_Plan_Pack_Weights_Args, workspace_size)
+typedef FDNN_Error* FDNN_Conv_Plan_Pack_Weights(FDNN_Conv_Plan_Pack_Weights_Args* args);
+
 /* ---------------------------------------------------------------------------------------- */
 /* The table                                                                                */
 /* ---------------------------------------------------------------------------------------- */
@@ -309,9 +327,13 @@ typedef struct {
   FDNN_Conv_Plan_Create* Conv_Plan_Create;
   FDNN_Conv_Plan_Execute* Conv_Plan_Execute;
   FDNN_Plan_Destroy* Plan_Destroy;
+  /* 1.1 */
+  FDNN_Conv_Plan_Pack_Weights* Conv_Plan_Pack_Weights; /* may be NULL: the shim cannot pack */
   /* Append new functions here; never reorder. */
 } FDNN_Api;
-#define FDNN_Api_STRUCT_SIZE FDNN_STRUCT_SIZE(FDNN_Api, Plan_Destroy)
+#define FDNN_Api_STRUCT_SIZE FDNN_STRUCT_SIZE(FDNN_Api, Conv_Plan_Pack_Weights)
+/* The size of a 1.0 table, which callers accept: it lacks the 1.1 functions. */
+#define FDNN_Api_STRUCT_SIZE_1_0 FDNN_STRUCT_SIZE(FDNN_Api, Plan_Destroy)
 
 /* The one exported symbol. Returns a pointer to static storage; never NULL; cheap: does not
  * load the vendor library (Shim_Info does). */

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
+#include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -75,6 +77,13 @@ const std::string& device_name() {
   return text;
 }
 
+memory::data_type to_dnnl(FDNN_DLDataType t) {
+  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 32) return memory::data_type::f32;
+  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 16) return memory::data_type::f16;
+  if (t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16) return memory::data_type::bf16;
+  return memory::data_type::undef;
+}
+
 // Turns a dnnl::error into an FDNN failure with oneDNN's status and the conv parameters.
 [[noreturn]] void fail_vendor(const dnnl::error& e, const FDNN_Conv_Plan_Create_Args& a,
                               const char* during) {
@@ -82,10 +91,13 @@ const std::string& device_name() {
   std::string hint;
   if (e.status == dnnl_unimplemented) {
     code = FDNN_ERROR_UNSUPPORTED;
+    const memory::data_type dt = to_dnnl(a.x->dtype);
+    const char* needs = dt == memory::data_type::bf16   ? "; bfloat16 needs avx512_core or newer"
+                        : dt == memory::data_type::f16 ? "; float16 needs avx512_core_fp16"
+                                                       : "";
     hint = std::string(" (oneDNN has no implementation of this convolution for ") +
-           fdnn_shim::dtype_name(a.x->dtype) + " on this CPU, whose ISA is " +
-           isa_name(dnnl::get_effective_cpu_isa()) +
-           "; bfloat16 needs avx512_core or newer, float16 needs avx512_core_fp16)";
+           fdnn_shim::dtype_name(a.x->dtype) + " on this CPU, whose instruction set is " +
+           isa_name(dnnl::get_effective_cpu_isa()) + needs + ")";
   } else if (e.status == dnnl_out_of_memory) {
     code = FDNN_ERROR_OUT_OF_MEMORY;
   }
@@ -95,13 +107,6 @@ const std::string& device_name() {
 
 // ------------------------------------------------------------------------------------------
 // Problem checks (what the ABI promises callers we verify; a bad problem never reaches oneDNN)
-
-memory::data_type to_dnnl(FDNN_DLDataType t) {
-  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 32) return memory::data_type::f32;
-  if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 16) return memory::data_type::f16;
-  if (t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16) return memory::data_type::bf16;
-  return memory::data_type::undef;
-}
 
 void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim) {
   if (!fdnn_shim::has_tensor(t) || t->ndim != ndim)
@@ -207,6 +212,8 @@ struct Operand {
   size_t offset = 0;         // of the staging buffer in the workspace
   dnnl::primitive reorder;   // input: user -> staging; output: staging -> user
   bool reorder_scaled = false;  // the reorder applies alpha through a source scale
+  // Weights packed into the plan (Conv_Plan_Pack_Weights): used instead of the caller's.
+  std::shared_ptr<void> packed;
 };
 
 struct Plan {
@@ -442,6 +449,10 @@ void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
                             memory::format_tag::a),
                cpu_engine(), workspace);
   for (const Operand& o : plan.operands) {
+    if (o.packed) {
+      args[o.arg] = memory(o.prim_md, cpu_engine(), o.packed.get());
+      continue;
+    }
     if (pointers[o.slot] == nullptr)
       fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs is NULL");
     if (!o.staged) {
@@ -588,6 +599,38 @@ FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
   });
 }
 
+// A copy of the plan whose weights operand reads a plan-owned buffer, filled once in the
+// primitive's layout (through the plan's own reorder when the layouts differ).
+FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE,
+                                 "Conv_Plan_Pack_Weights");
+    const Plan& source = *reinterpret_cast<const Plan*>(args->plan);
+    if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "w is NULL");
+    auto packed = std::make_unique<Plan>(source);
+    for (Operand& o : packed->operands) {
+      if (o.arg != DNNL_ARG_WEIGHTS) continue;
+      const size_t bytes = align64(o.prim_md.get_size());
+      void* buffer = std::aligned_alloc(64, bytes);
+      if (buffer == nullptr) throw std::bad_alloc();
+      o.packed = std::shared_ptr<void>(buffer, std::free);
+      memory user(o.user_md, cpu_engine(), const_cast<void*>(args->w));
+      memory mine(o.prim_md, cpu_engine(), buffer);
+      try {
+        dnnl::reorder(user, mine).execute(cpu_stream(), user, mine);
+        cpu_stream().wait();
+      } catch (const dnnl::error& e) {
+        fail(FDNN_ERROR_VENDOR, "oneDNN weight packing for %s failed: %s (%s)", source.name.c_str(),
+             status_text(e.status), e.what());
+      }
+      o.staged = false;
+    }
+    packed->name += " [packed weights]";
+    args->workspace_size = packed->workspace_size;
+    args->packed_plan = reinterpret_cast<FDNN_Plan*>(packed.release());
+  });
+}
+
 void plan_destroy(FDNN_Plan_Destroy_Args* args) {
   if (args != nullptr) delete reinterpret_cast<Plan*>(args->plan);
 }
@@ -603,6 +646,7 @@ const FDNN_Api kApi = {
     plan_create,
     plan_execute,
     plan_destroy,
+    plan_pack_weights,
 };
 
 }  // namespace
