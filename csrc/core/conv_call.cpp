@@ -40,18 +40,22 @@ void append(std::string& key, const T& value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof value);
 }
 
-void append_tensor(std::string& key, const FDNN_DLTensor& t) {
-  // The alignment of the first element (a power of two, at most 16 bytes) is part of the
-  // problem: GPU shims choose kernels that assume it (cuDNN's vectorised loads), so an
-  // offset view of the same shape must not reuse a plan made for an aligned array.
+// The alignment of the first element, a power of two up to 16 bytes. It is part of the
+// problem: GPU shims choose kernels that assume it (cuDNN's vectorised loads), so an offset
+// view of the same shape must not reuse a plan made for an aligned array.
+uint8_t data_alignment(const FDNN_DLTensor& t) {
   uintptr_t address = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
   uint8_t alignment = 16;
   while (alignment > 1 && address % alignment != 0) alignment /= 2;
-  append(key, alignment);
+  return alignment;
+}
+
+void append_tensor(std::string& key, const FDNN_DLTensor& t) {
   append(key, t.ndim);
   append(key, t.dtype);
   key.append(reinterpret_cast<const char*>(t.shape), sizeof(int64_t) * std::max(t.ndim, 0));
   key.append(reinterpret_cast<const char*>(t.strides), sizeof(int64_t) * std::max(t.ndim, 0));
+  append(key, data_alignment(t));
 }
 
 std::string device_text(const FDNN_DLDevice& d) {
@@ -333,6 +337,9 @@ std::string dims_text(const int64_t* v, int n) {
     else if (std::memcmp(shape + ndim, t.desc().strides, sizeof(int64_t) * ndim) != 0)
       what = "strides " + dims_text(t.desc().strides, ndim) + " are not the planned layout " +
              dims_text(shape + ndim, ndim);
+    else if (static_cast<uint8_t>(planned[shape_at + 2 * sizeof(int64_t) * ndim]) != data_alignment(t.desc()))
+      what = "its data is " + std::to_string(data_alignment(t.desc())) + "-byte aligned, the planned " +
+             std::to_string(static_cast<uint8_t>(planned[shape_at + 2 * sizeof(int64_t) * ndim])) + "-byte";
     else
       what = "device differs from the planned one";
   }
