@@ -9,11 +9,12 @@ ERROR_NAMES = {1: "INVALID_ARGUMENT", 2: "UNSUPPORTED", 3: "UNAVAILABLE", 4: "OU
                5: "VENDOR", 6: "INTERNAL"}
 FUNCTIONS = ("Error_Destroy", "Error_Describe", "Shim_Info", "Device_Describe",
              "Conv_Plan_Create", "Conv_Plan_Execute", "Plan_Destroy")
+OPTIONAL_FUNCTIONS = ("Conv_Plan_Pack_Weights",)  # 1.1; NULL when the shim cannot
 
 
 class Api(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("abi_major", C.c_int32), ("abi_minor", C.c_int32)] + [
-        (name, C.c_void_p) for name in FUNCTIONS]
+        (name, C.c_void_p) for name in FUNCTIONS + OPTIONAL_FUNCTIONS]
 
 
 class ErrorDestroyArgs(C.Structure):

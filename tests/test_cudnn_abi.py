@@ -66,12 +66,13 @@ def has_device(info) -> bool:
     return info.unavailable_reason is None and info.num_devices > 0
 
 
-def test_table_is_abi_1(shim):
+def test_table_is_abi_1_1(shim):
     api = shim.api
     assert api.struct_size == ctypes.sizeof(Api)
-    assert (api.abi_major, api.abi_minor) == (1, 0)
+    assert (api.abi_major, api.abi_minor) == (1, 1)
     for name in FUNCTIONS:
         assert getattr(api, name), f"{name} is NULL"
+    assert not api.Conv_Plan_Pack_Weights  # cuDNN reads w as it is: nothing to pack
 
 
 def test_only_the_entry_point_is_exported(shim):

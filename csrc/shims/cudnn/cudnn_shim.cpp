@@ -381,8 +381,12 @@ void Plan_Destroy(FDNN_Plan_Destroy_Args* args) {
 }
 
 const FDNN_Api kApi = {
-    FDNN_Api_STRUCT_SIZE, FDNN_ABI_MAJOR, FDNN_ABI_MINOR, Error_Destroy, Error_Describe,
-    Shim_Info,            Device_Describe, Conv_Plan_Create, Conv_Plan_Execute, Plan_Destroy,
+    FDNN_Api_STRUCT_SIZE, FDNN_ABI_MAJOR,     FDNN_ABI_MINOR,   Error_Destroy,
+    Error_Describe,       Shim_Info,          Device_Describe,  Conv_Plan_Create,
+    Conv_Plan_Execute,    Plan_Destroy,
+    // 1.1: cuDNN reads w as it is (a copy in x's memory order only when it differs), so
+    // there is nothing to pack once; the core then executes plans as they are.
+    nullptr,
 };
 
 }  // namespace
