@@ -1,10 +1,11 @@
 // The cuDNN shim: flux_dnn's ABI (flux_dnn.h) over cuDNN 9's graph API on NVIDIA GPUs.
 //
-// A plan holds a finalized cuDNN execution plan for one convolution, chosen once at plan
-// time (heuristic, benchmark or given id); executing it binds this call's pointers in a
-// variant pack and launches on the caller's stream. Bias, activation and beta that the
-// convolution engine does not take are applied by our own epilogue kernel (epilogue.cu),
-// and the bias gradient of backward-weight by a reduction kernel.
+// A plan holds a finalized cuDNN execution plan for one convolution (with bias and
+// activation fused into the graph when cuDNN can), chosen once at plan time (heuristic,
+// benchmark or given id); executing it binds this call's pointers in a variant pack and
+// launches on the caller's stream. What the graph does not take (bias, activation, beta
+// around an unfused convolution; the bias gradient of backward-weight) our own kernels do
+// (epilogue.cu). See README.md for the choices.
 #include <cudnn_version.h>
 
 #include <map>
