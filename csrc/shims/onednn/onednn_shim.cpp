@@ -9,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
@@ -216,7 +217,13 @@ struct Operand {
   std::shared_ptr<void> packed;
 };
 
+uint64_t next_plan_id() {
+  static std::atomic<uint64_t> last{0};
+  return ++last;
+}
+
 struct Plan {
+  uint64_t id = next_plan_id();  // never reused: keys the per-thread bound arguments
   dnnl::primitive conv;
   std::vector<Operand> operands;
   size_t scratchpad_size = 0;
@@ -440,43 +447,80 @@ dnnl::stream& cpu_stream() {
   return *tls_stream;
 }
 
+// One thread's oneDNN memory objects for one plan. Creating a memory object allocates, so
+// they are made once per (thread, plan); a call only points them at its data.
+struct BoundArgs {
+  struct Staged {
+    memory user, staging;
+    std::unordered_map<int, memory> reorder;
+  };
+  std::unordered_map<int, memory> conv;
+  std::vector<Staged> staged;  // by operand index; used where the operand is staged
+  memory scratchpad;
+};
+
+BoundArgs bind(const Plan& plan) {
+  const dnnl::engine& eng = cpu_engine();
+  BoundArgs b;
+  if (plan.scratchpad_size > 0) {
+    b.scratchpad = memory(memory::desc({static_cast<memory::dim>(plan.scratchpad_size)},
+                                       memory::data_type::u8, memory::format_tag::a),
+                          eng, DNNL_MEMORY_NONE);
+    b.conv[DNNL_ARG_SCRATCHPAD] = b.scratchpad;
+  }
+  b.staged.resize(plan.operands.size());
+  for (size_t i = 0; i < plan.operands.size(); ++i) {
+    const Operand& o = plan.operands[i];
+    if (o.packed) {
+      b.conv[o.arg] = memory(o.prim_md, eng, o.packed.get());
+    } else if (!o.staged) {
+      b.conv[o.arg] = memory(o.user_md, eng, DNNL_MEMORY_NONE);
+    } else {
+      BoundArgs::Staged& st = b.staged[i];
+      st.user = memory(o.user_md, eng, DNNL_MEMORY_NONE);
+      st.staging = memory(o.prim_md, eng, DNNL_MEMORY_NONE);
+      b.conv[o.arg] = st.staging;
+      st.reorder = {{DNNL_ARG_FROM, o.output ? st.staging : st.user},
+                    {DNNL_ARG_TO, o.output ? st.user : st.staging}};
+      if (o.reorder_scaled)
+        st.reorder[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] =
+            memory(memory::desc({1}, memory::data_type::f32, memory::format_tag::a), eng,
+                   const_cast<float*>(&plan.alpha));
+    }
+  }
+  return b;
+}
+
+BoundArgs& bound_args(const Plan& plan) {
+  thread_local std::unordered_map<uint64_t, BoundArgs> bound;
+  auto it = bound.find(plan.id);
+  if (it != bound.end()) return it->second;
+  if (bound.size() >= 1024) bound.clear();  // plans come and go; ids are never reused
+  return bound.emplace(plan.id, bind(plan)).first->second;
+}
+
 void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
   dnnl::stream& s = cpu_stream();
-  std::unordered_map<int, memory> args;
-  if (plan.scratchpad_size > 0)
-    args[DNNL_ARG_SCRATCHPAD] =
-        memory(memory::desc({static_cast<memory::dim>(plan.scratchpad_size)}, memory::data_type::u8,
-                            memory::format_tag::a),
-               cpu_engine(), workspace);
-  for (const Operand& o : plan.operands) {
-    if (o.packed) {
-      args[o.arg] = memory(o.prim_md, cpu_engine(), o.packed.get());
-      continue;
-    }
+  BoundArgs& b = bound_args(plan);
+  if (plan.scratchpad_size > 0) b.scratchpad.set_data_handle(workspace);
+  for (size_t i = 0; i < plan.operands.size(); ++i) {
+    const Operand& o = plan.operands[i];
+    if (o.packed) continue;
     if (pointers[o.slot] == nullptr)
       fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs is NULL");
     if (!o.staged) {
-      args[o.arg] = memory(o.user_md, cpu_engine(), pointers[o.slot]);
+      b.conv[o.arg].set_data_handle(pointers[o.slot]);
       continue;
     }
-    memory staging(o.prim_md, cpu_engine(), workspace + o.offset);
-    args[o.arg] = staging;
-    if (!o.output)
-      o.reorder.execute(s, {{DNNL_ARG_FROM, memory(o.user_md, cpu_engine(), pointers[o.slot])},
-                            {DNNL_ARG_TO, staging}});
+    BoundArgs::Staged& st = b.staged[i];
+    st.user.set_data_handle(pointers[o.slot]);
+    st.staging.set_data_handle(workspace + o.offset);
+    if (!o.output) o.reorder.execute(s, st.reorder);
   }
-  plan.conv.execute(s, args);
-  for (const Operand& o : plan.operands) {
-    if (!o.staged || !o.output) continue;
-    std::unordered_map<int, memory> r{
-        {DNNL_ARG_FROM, args[o.arg]},
-        {DNNL_ARG_TO, memory(o.user_md, cpu_engine(), pointers[o.slot])}};
-    if (o.reorder_scaled)
-      r[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] =
-          memory(memory::desc({1}, memory::data_type::f32, memory::format_tag::a), cpu_engine(),
-                 const_cast<float*>(&plan.alpha));
-    o.reorder.execute(s, r);
-  }
+  plan.conv.execute(s, b.conv);
+  for (size_t i = 0; i < plan.operands.size(); ++i)
+    if (plan.operands[i].staged && plan.operands[i].output)
+      plan.operands[i].reorder.execute(s, b.staged[i].reorder);
   s.wait();
 }
 
@@ -608,6 +652,7 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
     const Plan& source = *reinterpret_cast<const Plan*>(args->plan);
     if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "w is NULL");
     auto packed = std::make_unique<Plan>(source);
+    packed->id = next_plan_id();
     for (Operand& o : packed->operands) {
       if (o.arg != DNNL_ARG_WEIGHTS) continue;
       const size_t bytes = align64(o.prim_md.get_size());
