@@ -7,6 +7,7 @@
 // reorders -- lives in the caller's workspace, so a plan holds no mutable state, runs on
 // several threads at once, and no call allocates.
 #include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -224,6 +225,7 @@ uint64_t next_plan_id() {
 
 struct Plan {
   uint64_t id = next_plan_id();  // never reused: keys the per-thread bound arguments
+  int threads = 0;               // OpenMP team size for creation and execution; 0: all
   dnnl::primitive conv;
   std::vector<Operand> operands;
   size_t scratchpad_size = 0;
@@ -424,6 +426,35 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Layouts layouts) {
   return plan;
 }
 
+// Problems this small finish sooner on the calling thread than an OpenMP team takes to fork
+// and join (and far sooner than a team that waits for a descheduled thread on a busy machine).
+// oneDNN sizes its work split by omp_get_max_threads() at creation and at execution.
+constexpr double kSerialMacs = 1 << 17;
+
+double macs_of(const FDNN_Conv_Plan_Create_Args& a) {
+  double macs = static_cast<double>(a.y->shape[0]) * a.y->shape[1] * a.w->shape[1];
+  for (int i = 0; i < a.spatial_rank; ++i) macs *= a.y->shape[2 + i] * a.w->shape[2 + i];
+  return macs;
+}
+
+// Sets the calling thread's OpenMP team size for oneDNN for a scope (an OpenMP ICV is per
+// thread, so other threads are not affected).
+class TeamSize {
+ public:
+  explicit TeamSize(int threads) : saved_(omp_get_max_threads()), active_(threads > 0 && threads < saved_) {
+    if (active_) omp_set_num_threads(threads);
+  }
+  ~TeamSize() {
+    if (active_) omp_set_num_threads(saved_);
+  }
+  TeamSize(const TeamSize&) = delete;
+  TeamSize& operator=(const TeamSize&) = delete;
+
+ private:
+  int saved_;
+  bool active_;
+};
+
 // Heuristic: the caller's own layouts when oneDNN has a JIT kernel for them (channels-last,
 // and most 1x1 problems), else oneDNN's preferred layouts with reorders around the primitive.
 Plan heuristic_plan(const FDNN_Conv_Plan_Create_Args& a) {
@@ -500,6 +531,7 @@ BoundArgs& bound_args(const Plan& plan) {
 }
 
 void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
+  TeamSize team(plan.threads);
   dnnl::stream& s = cpu_stream();
   BoundArgs& b = bound_args(plan);
   if (plan.scratchpad_size > 0) b.scratchpad.set_data_handle(workspace);
@@ -560,6 +592,8 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE, "Conv_Plan_Create");
     const FDNN_Conv_Plan_Create_Args& a = *args;
     check_problem(a);
+    const int threads = macs_of(a) < kSerialMacs ? 1 : 0;
+    TeamSize team(threads);
     Plan plan;
     try {
       if (a.algo_policy == FDNN_ALGO_GIVEN) {
@@ -590,6 +624,7 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
       Plan lean = make_plan(a, kUserLayouts);  // staging buffers are what costs
       if (lean.workspace_size <= plan.workspace_size) plan = std::move(lean);
     }
+    plan.threads = threads;
     auto* owned = new Plan(std::move(plan));
     args->plan = reinterpret_cast<FDNN_Plan*>(owned);
     args->workspace_size = owned->workspace_size;
