@@ -98,7 +98,9 @@ BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle
   if (array.is_none()) return;  // an absent optional operand
   py::object capsule;
   try {
-    capsule = call_dlpack(array, argname, stream);
+    // An adapter may hand over a capsule it made through its library's fast exporter.
+    capsule = PyCapsule_CheckExact(array.ptr()) ? py::reinterpret_borrow<py::object>(array)
+                                                : call_dlpack(array, argname, stream);
   } catch (py::error_already_set& e) {
     if (e.matches(PyExc_BufferError))
       throw py::value_error(std::string(argname) + ": the array cannot be exported through DLPack: " +
