@@ -345,3 +345,13 @@ def test_concurrent_threads_agree_with_torch(rng):
     for case, got in zip(cases * 4, results):
         for a, b in zip(got, reference(case)):
             torch.testing.assert_close(a, b, **TOL)
+
+
+def test_second_derivatives_raise_instead_of_dropping_terms(rng, eager_path):
+    """flux_dnn's backward ops have no gradients of their own: differentiating a gradient
+    (e.g. a gradient penalty) must fail loudly, not leave the conv terms out."""
+    x = randn(rng, 2, 3, 6, 6, requires_grad=True)
+    w = randn(rng, 4, 3, 3, 3, requires_grad=True)
+    (gx,) = torch.autograd.grad(ft.conv2d(x, w, padding=1).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|no autograd formula"):
+        gx.square().sum().backward()

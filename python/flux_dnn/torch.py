@@ -19,6 +19,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 import flux_dnn
 from flux_dnn import _conv
@@ -234,6 +235,8 @@ _conv_transpose_op.register_autograd(lambda ctx, dy: _transpose_grads(_OPS, ctx,
 # Eager mode: the same kernels and gradient formulas without the custom-op dispatch. The
 # forward takes ctx itself (no separate setup_context) because Function.apply binds the
 # arguments of a setup_context-style forward through inspect.signature on every call.
+# The backward ops have no gradients of their own: once_differentiable makes a second
+# derivative (create_graph=True) raise instead of silently missing these terms.
 
 
 class _ConvFunction(torch.autograd.Function):
@@ -243,6 +246,7 @@ class _ConvFunction(torch.autograd.Function):
         return _conv_impl(x, w, bias, *params)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         return _conv_grads(_EAGER, ctx, dy)
 
@@ -254,6 +258,7 @@ class _ConvTransposeFunction(torch.autograd.Function):
         return _conv_transpose_impl(x, w, bias, *params)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         return _transpose_grads(_EAGER, ctx, dy)
 
