@@ -10,6 +10,8 @@ same kernels and gradient formulas: the dispatcher's Python costs as much as a s
 
 Every tensor goes through flux_dnn's device dispatch: CPU tensors to the oneDNN shim, CUDA
 tensors to the cuDNN shim (on torch's current stream); nothing here is vendor-specific.
+
+Not supported: second derivatives through these ops (they raise) and torch.func transforms.
 """
 
 from __future__ import annotations
