@@ -117,6 +117,15 @@ class NumpyAdapter(ArrayAPIAdapter):
         return None
 
 
+def _torch_to_dlpack(tensor):
+    # Rebinds itself to torch.utils.dlpack.to_dlpack on first use (no import per call).
+    global _torch_to_dlpack
+    from torch.utils.dlpack import to_dlpack
+
+    _torch_to_dlpack = to_dlpack
+    return to_dlpack(tensor)
+
+
 class TorchAdapter(ArrayAPIAdapter):
     name = "torch"
 
@@ -126,9 +135,7 @@ class TorchAdapter(ArrayAPIAdapter):
     def export(self, a):
         # torch's own C exporter: Tensor.__dlpack__ is Python code that costs microseconds
         # per call. No stream handshake is needed: flux_dnn runs on torch's current stream.
-        from torch.utils.dlpack import to_dlpack
-
-        return to_dlpack(a.detach() if a.requires_grad else a)
+        return _torch_to_dlpack(a.detach() if a.requires_grad else a)
 
     def device(self, a):
         dev = a.device
@@ -143,12 +150,10 @@ class TorchAdapter(ArrayAPIAdapter):
         return tuple(a.stride())
 
     def empty(self, like, shape, channels_last):
-        import torch
-
         if channels_last:
-            buf, perm = _channels_last_empty(torch.empty, shape, dtype=like.dtype, device=like.device)
-            return buf.permute(perm)
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
+            n = len(shape)
+            return like.new_empty((shape[0], *shape[2:], shape[1])).permute(0, n - 1, *range(1, n - 1))
+        return like.new_empty(shape)  # like's dtype and device, with less argument parsing
 
     def stream(self, like):
         if like.device.type == "cpu":
