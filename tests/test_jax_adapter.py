@@ -18,7 +18,7 @@ RTOL = 2e-4  # float32, relative to the largest magnitude of the reference
 def backend(request, monkeypatch):
     """Every test runs through the XLA FFI handler and through jax.pure_callback."""
     if request.param == "ffi" and not fj.ffi_available():
-        pytest.skip(f"the XLA FFI handler was not built (jaxlib not found at build time): {fj._ffi_state.get('reason')}")
+        pytest.skip(f"the XLA FFI handler is not installed (pip install ./packaging/flux-dnn-jax): {fj._ffi_state.get('reason')}")
     monkeypatch.setattr(fj, "_BACKEND", request.param)
     return request.param
 

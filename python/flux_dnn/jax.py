@@ -136,8 +136,22 @@ _HOST = {FORWARD: _host_conv, BACKWARD_DATA: _host_backward_data, BACKWARD_WEIGH
 # build time): XLA passes its own buffers, the handler calls the shim through the ABI.
 
 _FFI_TARGET = "flux_dnn_conv"
-_FFI_LIBRARY = os.environ.get("FLUX_DNN_JAX_FFI") or os.path.join(os.path.dirname(flux_dnn.__file__),
-                                                                   "libflux_dnn_jax_ffi.so")
+def _ffi_library() -> str:
+    """FLUX_DNN_JAX_FFI, else the handler built into flux_dnn, else the flux-dnn-jax wheel's."""
+    explicit = os.environ.get("FLUX_DNN_JAX_FFI")
+    if explicit:
+        return explicit
+    built_in = os.path.join(os.path.dirname(flux_dnn.__file__), "libflux_dnn_jax_ffi.so")
+    if os.path.exists(built_in):
+        return built_in
+    try:
+        from flux_dnn_jax_ffi import LIBRARY
+    except ImportError:
+        return built_in  # absent: ffi_available() reports it
+    return str(LIBRARY)
+
+
+_FFI_LIBRARY = _ffi_library()
 _ffi_state: dict = {}
 
 
