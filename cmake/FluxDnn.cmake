@@ -56,8 +56,12 @@ function(flux_dnn_add_shim name)
   target_link_libraries(${target} PRIVATE flux_dnn_shim_common)
   flux_dnn_warnings(${target})
   if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
-    # Nothing but fdnn_get_api leaves the library, and unresolved symbols fail the link.
-    target_link_options(${target} PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)
+    # Nothing but fdnn_get_api leaves the library (a version script: std:: template
+    # instances would leave despite -fvisibility=hidden), and unresolved symbols fail the link.
+    set(exports ${PROJECT_SOURCE_DIR}/cmake/shim_exports.map)
+    target_link_options(${target} PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined
+                                           -Wl,--version-script=${exports})
+    set_target_properties(${target} PROPERTIES LINK_DEPENDS ${exports})
   endif()
   install(TARGETS ${target} LIBRARY DESTINATION ${FLUX_DNN_SHIM_DESTINATION}
                             RUNTIME DESTINATION ${FLUX_DNN_SHIM_DESTINATION})

@@ -85,7 +85,8 @@ def test_dtypes_must_match(xw):
 def test_unsupported_dtype_names_supported_ones(xw):
     x, w = xw
     with pytest.raises(TypeError, match=r"x: dtype float64 is not supported by the 'onednn' shim on CPU; "
-                                        r"it supports float32, bfloat16, float16 \(float64 has no oneDNN convolution"):
+                                        r"it supports float32, bfloat16, float16 \(float64 has no oneDNN convolution: use float32 "
+                                        r"here, or float64 arrays on an NVIDIA GPU, where the cudnn shim computes it\)"):
         flux_dnn.conv2d(x.astype(np.float64), w.astype(np.float64))
     with pytest.raises(TypeError, match=r"x: dtype int32 is not supported"):
         flux_dnn.conv2d(x.astype(np.int32), w.astype(np.int32))

@@ -131,3 +131,29 @@ def test_same_call_from_threads(rng):
         results = list(pool.map(lambda _: flux_dnn.conv2d(x, w, padding=1), range(16)))
     for y in results:
         np.testing.assert_allclose(y, expected, **tolerance(expected))
+
+
+def test_workspace_refused_falls_back_with_one_warning(rng):
+    """When the array library's allocator refuses the workspace (GPU shims get it from CuPy's
+    or torch's allocator), the core switches to a plan that needs none and warns once. The
+    CPU shim normally uses the core's own buffer; driving the allocator path with it checks
+    the core's plumbing, not any GPU."""
+    from flux_dnn import _conv, _core
+
+    x = rng.standard_normal((2, 16, 8, 8), dtype=np.float32)
+    w = rng.standard_normal((8, 16, 1, 1), dtype=np.float32)
+    expected = ref.conv_forward(x, w)
+    flux_dnn.conv2d(x, w)
+    prepared = next(p for k, p in _conv._memo.items() if k[2] is not None and k[2][1] == x.shape and k[3][1] == w.shape)
+    assert _core.run_conv(prepared.shim, prepared.spec, x, w, np.empty_like(expected, np.float32), None, None, None).workspace_size > 0
+    calls = []
+
+    def refuse(nbytes):
+        calls.append(nbytes)
+        raise MemoryError(f"cap reached: {nbytes} bytes")
+
+    y = np.full(expected.shape, np.nan, np.float32)
+    with pytest.warns(RuntimeWarning, match=r"refused \d+ bytes of convolution workspace \(cap reached"):
+        result = _core.run_conv(prepared.shim, prepared.spec, x, w, y, None, None, refuse)
+    assert calls and result.workspace_size == 0
+    np.testing.assert_allclose(y, expected, **tolerance(expected))

@@ -184,17 +184,55 @@ def test_reduced_precision_flag_is_accepted_and_close(rng):
 def test_benchmark_algorithm_and_given_id(rng, tmp_path):
     from flux_dnn import _core
 
-    _core.set_autotune_path(str(tmp_path / "autotune.txt"))
+    saved = _core.autotune_path()
+    _core.set_autotune_path(str(tmp_path / "cache" / "autotune.txt"))  # the directory is made
     x = rng.standard_normal((2, 8, 10, 10), dtype=np.float32)
     w = rng.standard_normal((8, 8, 3, 3), dtype=np.float32)
     expected = ref.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1))
     for algorithm in ("benchmark", 0, 1, 2):
         y = flux_dnn.conv2d(x, w, padding=1, algorithm=algorithm)
         np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-4 * np.abs(expected).max())
-    lines = (tmp_path / "autotune.txt").read_text().splitlines()
+    lines = (tmp_path / "cache" / "autotune.txt").read_text().splitlines()
     assert lines[0] == "flux_dnn autotune v1" and len(lines) == 2
     with pytest.raises(ValueError, match=r"algo_id 7 is not a oneDNN shim algorithm"):
         flux_dnn.conv2d(x, w, padding=1, algorithm=7)
+    _core.set_autotune_path(saved)
+
+
+def test_autotune_store_replays_choice_and_ignores_corrupt_files(rng, tmp_path):
+    """A choice made by benchmark mode is read back by a new process (no new search), and a
+    corrupt file is ignored with a warning, never trusted."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "autotune.txt"
+    code = ("import numpy as np, flux_dnn\n"
+            "x = np.ones((1, 8, 12, 12), np.float32); w = np.ones((8, 8, 3, 3), np.float32)\n"
+            "y = flux_dnn.conv2d(x, w, padding=1, algorithm='benchmark')\n"
+            "print(float(y[0, 0, 5, 5]))\n")
+    env = {**__import__("os").environ, "FLUX_DNN_CACHE_DIR": str(tmp_path)}
+    env.pop("XDG_CACHE_HOME", None)
+    store = tmp_path / "autotune-v1.txt"
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert float(first.stdout) == 72.0
+    lines = store.read_text().splitlines()
+    assert lines[0] == "flux_dnn autotune v1" and len(lines) == 2
+    key, algo = lines[1].split()
+    # A hand-edited choice is what the next process uses: it replays it, and does not search.
+    other = (int(algo) + 1) % 3
+    store.write_text(f"flux_dnn autotune v1\n{key} {other}\n")
+    check = code.replace("print(float(y[0, 0, 5, 5]))",
+                         "print(flux_dnn.conv_plan(x, w, padding=1, algorithm='benchmark').algorithm)")
+    second = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert ["(user layouts)", "(vendor weights)", "(vendor layouts)"][other] in second.stdout
+    assert store.read_text().splitlines()[1] == f"{key} {other}"
+    store.write_text("garbage\n")
+    third = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert third.returncode == 0 and float(third.stdout) == 72.0
+    assert "ignoring autotune file" in third.stderr
 
 
 def test_missing_instruction_set_is_named():

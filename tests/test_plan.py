@@ -57,3 +57,17 @@ def test_plan_rejects_other_inputs(rng):
     assert (out == 3.0).all()
     with pytest.raises(ValueError, match=r"stride: every value must be >= 1"):
         flux_dnn.conv_plan(x, w, stride=0)
+
+
+def test_plan_on_torch_tensors_with_bias(rng):
+    torch = pytest.importorskip("torch", reason="torch tensors")
+    x = rng.standard_normal((2, 3, 7, 7), dtype=np.float32)
+    w = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(4, dtype=np.float32)
+    plan = flux_dnn.conv_plan(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), padding=1)
+    for _ in range(3):  # the bias is handed over anew on every call
+        fresh = rng.standard_normal(x.shape, dtype=np.float32)
+        y = plan(torch.from_numpy(fresh))
+        assert isinstance(y, torch.Tensor)
+        expected = ref.conv_forward(fresh, w, b, (1, 1), (1, 1), (1, 1))
+        np.testing.assert_allclose(y.numpy(), expected, rtol=2e-4, atol=2e-4 * np.abs(expected).max())

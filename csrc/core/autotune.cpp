@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -69,6 +70,8 @@ void AutotuneStore::load_locked() {
 
 void AutotuneStore::save_locked() {
   if (path_.empty()) return;
+  std::error_code ignored;  // a missing directory shows as the write failure below
+  std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ignored);
   std::string tmp = path_ + ".tmp" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
                     std::to_string(std::rand());
   {

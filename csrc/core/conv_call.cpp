@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "autotune.hpp"
@@ -35,9 +36,23 @@ const Roles& roles_of(FDNN_ConvOp op) {
   return forward;
 }
 
+void warn(const std::string& message) {
+  if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) throw py::error_already_set();
+}
+
 template <class T>
 void append(std::string& key, const T& value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+
+// The alignment of the first element, a power of two up to 16 bytes. It is part of the
+// problem: GPU shims choose kernels that assume it (cuDNN's vectorised loads), so an offset
+// view of the same shape must not reuse a plan made for an aligned array.
+uint8_t data_alignment(const FDNN_DLTensor& t) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+  uint8_t alignment = 16;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
 }
 
 void append_tensor(std::string& key, const FDNN_DLTensor& t) {
@@ -45,6 +60,7 @@ void append_tensor(std::string& key, const FDNN_DLTensor& t) {
   append(key, t.dtype);
   key.append(reinterpret_cast<const char*>(t.shape), sizeof(int64_t) * std::max(t.ndim, 0));
   key.append(reinterpret_cast<const char*>(t.strides), sizeof(int64_t) * std::max(t.ndim, 0));
+  append(key, data_alignment(t));
 }
 
 std::string device_text(const FDNN_DLDevice& d) {
@@ -186,10 +202,19 @@ std::shared_ptr<Plan> create_plan(const ShimLibrary& shim, const ConvSpec& spec,
       a.algo_id = *known;
     }
   }
-  FDNN_Error* error;
-  {
+  auto create = [&] {
     py::gil_scoped_release no_gil;
-    error = shim.api().Conv_Plan_Create(&a);
+    return shim.api().Conv_Plan_Create(&a);
+  };
+  FDNN_Error* error = create();
+  if (error != nullptr && !tune_key.empty() && a.algo_policy == FDNN_ALGO_GIVEN) {
+    // A remembered choice this shim no longer accepts (another vendor build, say): search again.
+    shim.discard(error);
+    warn("flux_dnn: an autotune entry no longer fits shim '" + shim.name() +
+         "'; benchmarking this convolution again");
+    a.algo_policy = FDNN_ALGO_BENCHMARK;
+    a.algo_id = spec.algo_id;
+    error = create();
   }
   shim.check(error, "creating a plan");
   auto plan = std::make_shared<Plan>(&shim, a);
@@ -217,6 +242,12 @@ void* cpu_workspace(size_t bytes) {
   return buffer.data;
 }
 
+// The array library's allocator could not give a plan its workspace.
+struct WorkspaceRefused {
+  size_t bytes;
+  std::string reason;
+};
+
 // Executes a plan on first-element pointers, with a workspace from the per-thread CPU buffer
 // or, on GPUs, from the array library's allocator.
 void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle stream,
@@ -236,7 +267,11 @@ void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle
     if (workspace_alloc.is_none()) {
       e.workspace = cpu_workspace(plan.workspace_size);
     } else {
-      workspace_array = workspace_alloc(plan.workspace_size);
+      try {
+        workspace_array = workspace_alloc(plan.workspace_size);
+      } catch (py::error_already_set& refused) {
+        throw WorkspaceRefused{plan.workspace_size, std::string(py::str(refused.value()))};
+      }
       workspace.emplace(workspace_array, "workspace", stream);
       e.workspace = workspace->first_element();
     }
@@ -279,14 +314,37 @@ ConvResult run_conv(const ShimLibrary& shim, const ConvSpec& spec, py::handle x_
   BorrowedTensor bias(bias_array, r.bias, stream);  // None: not present
   check_operands(shim, spec, r, x, w, y, bias);
 
-  std::string key = plan_key(shim, spec, x, w, y, bias);
-  std::shared_ptr<Plan> plan = plan_cache().find(key);
-  if (!plan)
-    plan = plan_cache().insert(key, create_plan(shim, spec, x, w, y, bias, key, stream));
-
-  execute(*plan, x.first_element(), w.first_element(), y.first_element(),
-          bias.present() ? bias.first_element() : nullptr, stream, workspace_alloc);
-  return ConvResult{plan->workspace_size, plan->algo_id, plan->algo_name};
+  auto planned = [&](const ConvSpec& s) {
+    std::string key = plan_key(shim, s, x, w, y, bias);
+    std::shared_ptr<Plan> plan = plan_cache().find(key);
+    return plan ? plan : plan_cache().insert(key, create_plan(shim, s, x, w, y, bias, key, stream));
+  };
+  auto run = [&](const Plan& plan) {
+    execute(plan, x.first_element(), w.first_element(), y.first_element(),
+            bias.present() ? bias.first_element() : nullptr, stream, workspace_alloc);
+    return ConvResult{plan.workspace_size, plan.algo_id, plan.algo_name};
+  };
+  std::shared_ptr<Plan> plan = planned(spec);
+  try {
+    return run(*plan);
+  } catch (const WorkspaceRefused& refused) {
+    // The allocator (or its cap) refused: use a plan that needs no workspace, and say so once.
+    ConvSpec lean = spec;
+    lean.workspace_limit = 0;
+    lean.finish();
+    std::shared_ptr<Plan> fallback = planned(lean);
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      warn("flux_dnn: the array library refused " + std::to_string(refused.bytes) +
+           " bytes of convolution workspace (" + refused.reason + "); using algorithms that need "
+           "none, which may be slower. This warning is shown once.");
+    });
+    try {
+      return run(*fallback);
+    } catch (const WorkspaceRefused& again) {
+      throw std::bad_alloc();  // even the leanest plan needs workspace the allocator refuses
+    }
+  }
 }
 
 namespace {
@@ -326,6 +384,9 @@ std::string dims_text(const int64_t* v, int n) {
     else if (std::memcmp(shape + ndim, t.desc().strides, sizeof(int64_t) * ndim) != 0)
       what = "strides " + dims_text(t.desc().strides, ndim) + " are not the planned layout " +
              dims_text(shape + ndim, ndim);
+    else if (static_cast<uint8_t>(planned[shape_at + 2 * sizeof(int64_t) * ndim]) != data_alignment(t.desc()))
+      what = "its data is " + std::to_string(data_alignment(t.desc())) + "-byte aligned, the planned " +
+             std::to_string(static_cast<uint8_t>(planned[shape_at + 2 * sizeof(int64_t) * ndim])) + "-byte";
     else
       what = "device differs from the planned one";
   }

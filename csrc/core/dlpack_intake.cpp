@@ -39,33 +39,56 @@ std::unordered_map<PyTypeObject*, bool>& versioned_support() {
   return *known;
 }
 
-py::object call_dlpack(py::handle array, const char* argname, py::handle stream) {
-  // Leaked on purpose: a static py::object would be released after the interpreter is gone.
+PyObject* interned(const char* text) {
+  PyObject* s = PyUnicode_InternFromString(text);
+  if (s == nullptr) throw py::error_already_set();
+  return s;  // leaked on purpose: lives as long as the process
+}
+
+// array.__dlpack__(stream=..., max_version=(1, 0)) through vectorcall: no bound method, no
+// keyword dict. The keywords sent: stream only when given (CPU producers refuse others),
+// max_version only to producers that take it.
+PyObject* vectorcall_dlpack(py::handle array, py::handle stream, bool versioned) {
+  static PyObject* method = interned("__dlpack__");
   static PyObject* max_version = py::make_tuple(1, 0).release().ptr();
-  py::object method = py::getattr(array, "__dlpack__", py::none());
-  if (method.is_none())
-    throw py::type_error(std::string(argname) + ": object of type " +
-                         std::string(py::str(py::type::handle_of(array).attr("__qualname__"))) +
-                         " does not support DLPack (it has no __dlpack__ method)");
-  py::dict kwargs;
-  if (!stream.is_none()) kwargs["stream"] = stream;
+  static PyObject* kw_version = py::make_tuple(py::str("max_version")).release().ptr();
+  static PyObject* kw_stream = py::make_tuple(py::str("stream")).release().ptr();
+  static PyObject* kw_both = py::make_tuple(py::str("stream"), py::str("max_version")).release().ptr();
+  PyObject* args[3] = {array.ptr(), nullptr, nullptr};
+  PyObject* kwnames = nullptr;
+  if (!stream.is_none()) {
+    args[1] = stream.ptr();
+    if (versioned) args[2] = max_version;
+    kwnames = versioned ? kw_both : kw_stream;
+  } else if (versioned) {
+    args[1] = max_version;
+    kwnames = kw_version;
+  }
+  return PyObject_VectorcallMethod(method, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+}
+
+py::object call_dlpack(py::handle array, const char* argname, py::handle stream) {
   auto& known = versioned_support();
   PyTypeObject* type = Py_TYPE(array.ptr());
   auto it = known.find(type);
-  if (it == known.end() || it->second) {
-    kwargs["max_version"] = py::handle(max_version);
-    PyObject* capsule = PyObject_Call(method.ptr(), py::tuple().ptr(), kwargs.ptr());
-    if (capsule != nullptr) {
-      known[type] = true;
-      return py::reinterpret_steal<py::object>(capsule);
-    }
-    if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
+  const bool try_versioned = it == known.end() || it->second;
+  PyObject* capsule = vectorcall_dlpack(array, stream, try_versioned);
+  if (capsule == nullptr && try_versioned && PyErr_ExceptionMatches(PyExc_TypeError)) {
     PyErr_Clear();  // a pre-1.0 producer: no max_version keyword
     known[type] = false;
-    PyDict_DelItemString(kwargs.ptr(), "max_version");
+    capsule = vectorcall_dlpack(array, stream, false);
+  } else if (capsule != nullptr && it == known.end()) {
+    known[type] = true;
   }
-  PyObject* capsule = PyObject_Call(method.ptr(), py::tuple().ptr(), kwargs.ptr());
-  if (capsule == nullptr) throw py::error_already_set();
+  if (capsule == nullptr) {
+    if (PyErr_ExceptionMatches(PyExc_AttributeError) && !PyObject_HasAttrString(array.ptr(), "__dlpack__")) {
+      PyErr_Clear();
+      throw py::type_error(std::string(argname) + ": object of type " +
+                           std::string(py::str(py::type::handle_of(array).attr("__qualname__"))) +
+                           " does not support DLPack (it has no __dlpack__ method)");
+    }
+    throw py::error_already_set();
+  }
   return py::reinterpret_steal<py::object>(capsule);
 }
 
@@ -75,7 +98,9 @@ BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle
   if (array.is_none()) return;  // an absent optional operand
   py::object capsule;
   try {
-    capsule = call_dlpack(array, argname, stream);
+    // An adapter may hand over a capsule it made through its library's fast exporter.
+    capsule = PyCapsule_CheckExact(array.ptr()) ? py::reinterpret_borrow<py::object>(array)
+                                                : call_dlpack(array, argname, stream);
   } catch (py::error_already_set& e) {
     if (e.matches(PyExc_BufferError))
       throw py::value_error(std::string(argname) + ": the array cannot be exported through DLPack: " +

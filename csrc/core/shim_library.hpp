@@ -31,6 +31,12 @@ class ShimLibrary {
     if (error != nullptr) raise_error(error, context);
   }
 
+  // Frees an error that the caller handles itself.
+  void discard(FDNN_Error* error) const {
+    FDNN_Error_Destroy_Args args{FDNN_Error_Destroy_Args_STRUCT_SIZE, error};
+    api_->Error_Destroy(&args);
+  }
+
   FDNN_Shim_Info_Args info() const;
   std::string device_name(int32_t device_id) const;
 

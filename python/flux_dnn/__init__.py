@@ -7,6 +7,7 @@ Semantics follow ``torch.nn.functional``: cross-correlation, x ``(N, C, *spatial
 w ``(K, C/groups, *kernel)``; channels-last arrays are taken as they are.
 """
 
+from . import _core
 from ._core import (
     ABI_VERSION,
     DeviceUnavailableError,
@@ -35,6 +36,18 @@ from ._api import (
 )
 
 __version__ = "0.1.0"
+
+
+def _default_autotune_path() -> str:
+    import os
+
+    base = os.environ.get("FLUX_DNN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "flux_dnn")
+    return os.path.join(base, "autotune-v1.txt")
+
+
+# Where algorithm="benchmark" keeps its choices (written on the first benchmark only).
+_core.set_autotune_path(_default_autotune_path())
 
 __all__ = [
     "ABI_VERSION",

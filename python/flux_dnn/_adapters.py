@@ -81,6 +81,16 @@ class ArrayAPIAdapter:
         return xp.empty((nbytes,), dtype=xp.uint8, device=like.device)
 
 
+def _numpy_empty(*args, **kwargs):
+    # Rebinds itself to numpy.empty on first use: numpy is imported only when an array of
+    # it is seen, and the per-call path then pays no import statement.
+    global _numpy_empty
+    import numpy
+
+    _numpy_empty = numpy.empty
+    return numpy.empty(*args, **kwargs)
+
+
 class NumpyAdapter(ArrayAPIAdapter):
     name = "numpy"
 
@@ -98,15 +108,22 @@ class NumpyAdapter(ArrayAPIAdapter):
         return tuple(s // item for s in a.strides) if all(s % item == 0 for s in a.strides) else None
 
     def empty(self, like, shape, channels_last):
-        import numpy as np
-
         if channels_last:
-            buf, perm = _channels_last_empty(np.empty, shape, dtype=like.dtype)
+            buf, perm = _channels_last_empty(_numpy_empty, shape, dtype=like.dtype)
             return buf.transpose(perm)
-        return np.empty(shape, dtype=like.dtype)
+        return _numpy_empty(shape, like.dtype)
 
     def stream(self, like):
         return None
+
+
+def _torch_to_dlpack(tensor):
+    # Rebinds itself to torch.utils.dlpack.to_dlpack on first use (no import per call).
+    global _torch_to_dlpack
+    from torch.utils.dlpack import to_dlpack
+
+    _torch_to_dlpack = to_dlpack
+    return to_dlpack(tensor)
 
 
 class TorchAdapter(ArrayAPIAdapter):
@@ -116,7 +133,9 @@ class TorchAdapter(ArrayAPIAdapter):
         return (type(a), a.shape, a.dtype, a.stride(), a.device)
 
     def export(self, a):
-        return a.detach() if a.requires_grad else a
+        # torch's own C exporter: Tensor.__dlpack__ is Python code that costs microseconds
+        # per call. No stream handshake is needed: flux_dnn runs on torch's current stream.
+        return _torch_to_dlpack(a.detach() if a.requires_grad else a)
 
     def device(self, a):
         dev = a.device
@@ -131,19 +150,18 @@ class TorchAdapter(ArrayAPIAdapter):
         return tuple(a.stride())
 
     def empty(self, like, shape, channels_last):
-        import torch
-
         if channels_last:
-            buf, perm = _channels_last_empty(torch.empty, shape, dtype=like.dtype, device=like.device)
-            return buf.permute(perm)
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
+            n = len(shape)
+            return like.new_empty((shape[0], *shape[2:], shape[1])).permute(0, n - 1, *range(1, n - 1))
+        return like.new_empty(shape)  # like's dtype and device, with less argument parsing
 
     def stream(self, like):
         if like.device.type == "cpu":
             return None
         import torch
 
-        return torch.cuda.current_stream(like.device).cuda_stream
+        # DLPack disallows 0 on CUDA; torch's default stream is the legacy one: say 1.
+        return torch.cuda.current_stream(like.device).cuda_stream or 1
 
     def workspace(self, like, nbytes):
         import torch

@@ -39,6 +39,7 @@ _DETERMINISTIC, _REDUCED_PRECISION = 1, 2
 _REDUCED_PRECISION_DEFAULT = {2: True}
 
 _MEMO_LIMIT = 4096
+_run_conv = _core.run_conv
 _memo: dict = {}
 
 
@@ -195,7 +196,8 @@ def _spatial_out(nd: int, in_sp: tuple, kernel: tuple, stride, dilation, lo, hi,
 def _shim_for(first: _Operand):
     entry = REGISTRY.shim_for(first.device[0])
     if first.dtype not in entry.spec.dtypes:
-        extra = " (float64 has no oneDNN convolution; use float32)" if first.dtype == "float64" and entry.name == "onednn" else ""
+        extra = (" (float64 has no oneDNN convolution: use float32 here, or float64 arrays on an NVIDIA GPU, "
+                 "where the cudnn shim computes it)" if first.dtype == "float64" and entry.name == "onednn" else "")
         raise TypeError(f"{first.name}: dtype {first.dtype} is not supported by the {entry.name!r} shim on "
                         f"{device_name(first.device[0])}; it supports {', '.join(entry.spec.dtypes)}{extra}")
     return entry
@@ -249,6 +251,12 @@ def _sig(a, name: str) -> tuple:
     return ad, ad.key(a)
 
 
+def _export(a, name: str):
+    """What the core receives for an array: the array itself, or a DLPack capsule made by its
+    library's fast exporter (torch)."""
+    return (_BY_TYPE.get(type(a)) or adapter_for(a, name)).export(a)
+
+
 def _lookup(key):
     """The prepared call for a memo key, or None (also for unhashable arguments, such as
     lists, which are then validated on every call)."""
@@ -292,7 +300,12 @@ def forward(nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         _check_out(out, "out", prepared.out_shape, _operand(x, "x"))
     if prepared.out_shape[0] == 0:
         return out
-    _execute(prepared, ax.export(x), aw.export(w), out, None if bias is None else ab.export(bias), ax, x)
+    if prepared.gpu:
+        _execute(prepared, ax.export(x), aw.export(w), _export(out, "out"), None if bias is None else ab.export(bias),
+                 ax, x)
+    else:  # the common CPU case, inlined: this is the per-call path
+        _run_conv(prepared.shim, prepared.spec, ax.export(x), aw.export(w), _export(out, "out"),
+                  None if bias is None else ab.export(bias), None, None)
     return out
 
 
@@ -392,7 +405,7 @@ def backward_data(nd, dy, w, input_shape, stride=1, padding=0, dilation=1, group
         _check_out(out, "out", prepared.out_shape, _operand(dy, "dy"))
     if prepared.out_shape[0] == 0:
         return out
-    _execute(prepared, out, aw.export(w), ady.export(dy), None, ady, dy)
+    _execute(prepared, _export(out, "out"), aw.export(w), ady.export(dy), None, ady, dy)
     return out
 
 
@@ -441,7 +454,8 @@ def backward_weight(nd, x, dy, weight_shape, stride=1, padding=0, dilation=1, gr
             if a is not None:
                 a[...] = a * beta if beta != 0.0 else 0
         return (dw, db) if bias_grad else dw
-    _execute(prepared, ax.export(x), dw, ady.export(dy), db, ax, x)
+    _execute(prepared, ax.export(x), _export(dw, "out"), ady.export(dy), None if db is None else _export(db, "out"),
+             ax, x)
     return (dw, db) if bias_grad else dw
 
 
@@ -533,11 +547,12 @@ class ConvPlan:
             raise ValueError(f"x: a convolution plan needs a batch of at least 1, got shape {xo.shape}")
         self._type, self._adapter, self._like = type(x), xo.adapter, xo
         self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
-        self._bias = None if bias is None else bo.adapter.export(bias)
+        self._bias = bias  # exported on every call: a capsule is consumed once
         sample = xo.adapter.empty(x, prepared.out_shape, prepared.channels_last)
         stream = xo.adapter.stream(x)
         self._packed = _core.PackedConv(prepared.shim, prepared.spec, xo.adapter.export(x), wo.adapter.export(w),
-                                        sample, self._bias, stream)
+                                        _export(sample, "out"), None if bias is None else _export(bias, "bias"),
+                                        stream)
         self._gpu = xo.device[0] != 1
         self.input_shape, self.output_shape, self.dtype = xo.shape, prepared.out_shape, xo.dtype
 
@@ -559,7 +574,8 @@ class ConvPlan:
             out = ad.empty(x, self._out_shape, self._channels_last)
         stream = ad.stream(x) if self._gpu else None
         workspace = (lambda n: ad.workspace(x, n)) if self._gpu else None
-        self._packed.run(ad.export(x), out, self._bias, stream, workspace)
+        bias = None if self._bias is None else _export(self._bias, "bias")
+        self._packed.run(ad.export(x), _export(out, "out"), bias, stream, workspace)
         return out
 
     def __repr__(self):

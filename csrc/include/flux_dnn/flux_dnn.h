@@ -130,10 +130,12 @@ typedef struct { /* = DLDataType */
   uint16_t lanes; /* always 1 here */
 } FDNN_DLDataType;
 
-/* = DLTensor. In descriptors passed to Conv_Plan_Create, `data` is ignored (may be NULL):
- * a plan depends on shapes, strides, dtypes and device only. `shape` and `strides` are
- * borrowed for the duration of the call; `strides` are in elements and never NULL here
- * (the caller fills compact strides in). */
+/* = DLTensor. In descriptors passed to Conv_Plan_Create, `data` may be NULL: a plan depends
+ * on shapes, strides, dtypes and device, and, when `data` is given, on the alignment of
+ * data + byte_offset (up to 16 bytes), which a shim may assume at execute (vectorised GPU
+ * loads) and must check there; callers that cache plans key them by that alignment too.
+ * `shape` and `strides` are borrowed for the duration of the call; `strides` are in elements
+ * and never NULL here (the caller fills compact strides in). */
 typedef struct {
   void* data;
   FDNN_DLDevice device;

@@ -7,8 +7,10 @@
 // reorders -- lives in the caller's workspace, so a plan holds no mutable state, runs on
 // several threads at once, and no call allocates.
 #include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
@@ -216,7 +218,14 @@ struct Operand {
   std::shared_ptr<void> packed;
 };
 
+uint64_t next_plan_id() {
+  static std::atomic<uint64_t> last{0};
+  return ++last;
+}
+
 struct Plan {
+  uint64_t id = next_plan_id();  // never reused: keys the per-thread bound arguments
+  int threads = 0;               // OpenMP team size for creation and execution; 0: all
   dnnl::primitive conv;
   std::vector<Operand> operands;
   size_t scratchpad_size = 0;
@@ -417,6 +426,35 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Layouts layouts) {
   return plan;
 }
 
+// Problems this small finish sooner on the calling thread than an OpenMP team takes to fork
+// and join (and far sooner than a team that waits for a descheduled thread on a busy machine).
+// oneDNN sizes its work split by omp_get_max_threads() at creation and at execution.
+constexpr double kSerialMacs = 1 << 17;
+
+double macs_of(const FDNN_Conv_Plan_Create_Args& a) {
+  double macs = static_cast<double>(a.y->shape[0]) * a.y->shape[1] * a.w->shape[1];
+  for (int i = 0; i < a.spatial_rank; ++i) macs *= a.y->shape[2 + i] * a.w->shape[2 + i];
+  return macs;
+}
+
+// Sets the calling thread's OpenMP team size for oneDNN for a scope (an OpenMP ICV is per
+// thread, so other threads are not affected).
+class TeamSize {
+ public:
+  explicit TeamSize(int threads) : saved_(omp_get_max_threads()), active_(threads > 0 && threads < saved_) {
+    if (active_) omp_set_num_threads(threads);
+  }
+  ~TeamSize() {
+    if (active_) omp_set_num_threads(saved_);
+  }
+  TeamSize(const TeamSize&) = delete;
+  TeamSize& operator=(const TeamSize&) = delete;
+
+ private:
+  int saved_;
+  bool active_;
+};
+
 // Heuristic: the caller's own layouts when oneDNN has a JIT kernel for them (channels-last,
 // and most 1x1 problems), else oneDNN's preferred layouts with reorders around the primitive.
 Plan heuristic_plan(const FDNN_Conv_Plan_Create_Args& a) {
@@ -440,43 +478,81 @@ dnnl::stream& cpu_stream() {
   return *tls_stream;
 }
 
-void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
-  dnnl::stream& s = cpu_stream();
-  std::unordered_map<int, memory> args;
-  if (plan.scratchpad_size > 0)
-    args[DNNL_ARG_SCRATCHPAD] =
-        memory(memory::desc({static_cast<memory::dim>(plan.scratchpad_size)}, memory::data_type::u8,
-                            memory::format_tag::a),
-               cpu_engine(), workspace);
-  for (const Operand& o : plan.operands) {
+// One thread's oneDNN memory objects for one plan. Creating a memory object allocates, so
+// they are made once per (thread, plan); a call only points them at its data.
+struct BoundArgs {
+  struct Staged {
+    memory user, staging;
+    std::unordered_map<int, memory> reorder;
+  };
+  std::unordered_map<int, memory> conv;
+  std::vector<Staged> staged;  // by operand index; used where the operand is staged
+  memory scratchpad;
+};
+
+BoundArgs bind(const Plan& plan) {
+  const dnnl::engine& eng = cpu_engine();
+  BoundArgs b;
+  if (plan.scratchpad_size > 0) {
+    b.scratchpad = memory(memory::desc({static_cast<memory::dim>(plan.scratchpad_size)},
+                                       memory::data_type::u8, memory::format_tag::a),
+                          eng, DNNL_MEMORY_NONE);
+    b.conv[DNNL_ARG_SCRATCHPAD] = b.scratchpad;
+  }
+  b.staged.resize(plan.operands.size());
+  for (size_t i = 0; i < plan.operands.size(); ++i) {
+    const Operand& o = plan.operands[i];
     if (o.packed) {
-      args[o.arg] = memory(o.prim_md, cpu_engine(), o.packed.get());
-      continue;
+      b.conv[o.arg] = memory(o.prim_md, eng, o.packed.get());
+    } else if (!o.staged) {
+      b.conv[o.arg] = memory(o.user_md, eng, DNNL_MEMORY_NONE);
+    } else {
+      BoundArgs::Staged& st = b.staged[i];
+      st.user = memory(o.user_md, eng, DNNL_MEMORY_NONE);
+      st.staging = memory(o.prim_md, eng, DNNL_MEMORY_NONE);
+      b.conv[o.arg] = st.staging;
+      st.reorder = {{DNNL_ARG_FROM, o.output ? st.staging : st.user},
+                    {DNNL_ARG_TO, o.output ? st.user : st.staging}};
+      if (o.reorder_scaled)
+        st.reorder[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] =
+            memory(memory::desc({1}, memory::data_type::f32, memory::format_tag::a), eng,
+                   const_cast<float*>(&plan.alpha));
     }
+  }
+  return b;
+}
+
+BoundArgs& bound_args(const Plan& plan) {
+  thread_local std::unordered_map<uint64_t, BoundArgs> bound;
+  auto it = bound.find(plan.id);
+  if (it != bound.end()) return it->second;
+  if (bound.size() >= 1024) bound.clear();  // plans come and go; ids are never reused
+  return bound.emplace(plan.id, bind(plan)).first->second;
+}
+
+void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
+  TeamSize team(plan.threads);
+  dnnl::stream& s = cpu_stream();
+  BoundArgs& b = bound_args(plan);
+  if (plan.scratchpad_size > 0) b.scratchpad.set_data_handle(workspace);
+  for (size_t i = 0; i < plan.operands.size(); ++i) {
+    const Operand& o = plan.operands[i];
+    if (o.packed) continue;
     if (pointers[o.slot] == nullptr)
       fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs is NULL");
     if (!o.staged) {
-      args[o.arg] = memory(o.user_md, cpu_engine(), pointers[o.slot]);
+      b.conv[o.arg].set_data_handle(pointers[o.slot]);
       continue;
     }
-    memory staging(o.prim_md, cpu_engine(), workspace + o.offset);
-    args[o.arg] = staging;
-    if (!o.output)
-      o.reorder.execute(s, {{DNNL_ARG_FROM, memory(o.user_md, cpu_engine(), pointers[o.slot])},
-                            {DNNL_ARG_TO, staging}});
+    BoundArgs::Staged& st = b.staged[i];
+    st.user.set_data_handle(pointers[o.slot]);
+    st.staging.set_data_handle(workspace + o.offset);
+    if (!o.output) o.reorder.execute(s, st.reorder);
   }
-  plan.conv.execute(s, args);
-  for (const Operand& o : plan.operands) {
-    if (!o.staged || !o.output) continue;
-    std::unordered_map<int, memory> r{
-        {DNNL_ARG_FROM, args[o.arg]},
-        {DNNL_ARG_TO, memory(o.user_md, cpu_engine(), pointers[o.slot])}};
-    if (o.reorder_scaled)
-      r[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] =
-          memory(memory::desc({1}, memory::data_type::f32, memory::format_tag::a), cpu_engine(),
-                 const_cast<float*>(&plan.alpha));
-    o.reorder.execute(s, r);
-  }
+  plan.conv.execute(s, b.conv);
+  for (size_t i = 0; i < plan.operands.size(); ++i)
+    if (plan.operands[i].staged && plan.operands[i].output)
+      plan.operands[i].reorder.execute(s, b.staged[i].reorder);
   s.wait();
 }
 
@@ -516,6 +592,8 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE, "Conv_Plan_Create");
     const FDNN_Conv_Plan_Create_Args& a = *args;
     check_problem(a);
+    const int threads = macs_of(a) < kSerialMacs ? 1 : 0;
+    TeamSize team(threads);
     Plan plan;
     try {
       if (a.algo_policy == FDNN_ALGO_GIVEN) {
@@ -546,6 +624,7 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
       Plan lean = make_plan(a, kUserLayouts);  // staging buffers are what costs
       if (lean.workspace_size <= plan.workspace_size) plan = std::move(lean);
     }
+    plan.threads = threads;
     auto* owned = new Plan(std::move(plan));
     args->plan = reinterpret_cast<FDNN_Plan*>(owned);
     args->workspace_size = owned->workspace_size;
@@ -608,6 +687,7 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
     const Plan& source = *reinterpret_cast<const Plan*>(args->plan);
     if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "w is NULL");
     auto packed = std::make_unique<Plan>(source);
+    packed->id = next_plan_id();
     for (Operand& o : packed->operands) {
       if (o.arg != DNNL_ARG_WEIGHTS) continue;
       const size_t bytes = align64(o.prim_md.get_size());

@@ -1,0 +1,175 @@
+"""flux_dnn's cuDNN shim against PyTorch's own cuDNN convolutions, on one NVIDIA GPU.
+
+ResNet-50-like layers at N=32, float32/float16/bfloat16, NCHW and channels-last, forward,
+backward-data and backward-weight; flux_dnn on torch CUDA tensors vs
+torch.nn.functional.conv2d / torch.nn.grad.conv2d_input / conv2d_weight, with
+torch.backends.cudnn.benchmark and flux_dnn's algorithm="benchmark" set the same way, TF32
+as each library's default (both allow it for cuDNN convolutions). Timed with CUDA events in
+the same process, median of the repetitions; ratio = torch_time / flux_time (> 1: flux_dnn
+faster). Also the host overhead per call on a tiny convolution.
+
+    python benchmarks/bench_cuda.py [--quick] [--heuristic] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+# (name, C, K, H=W, kernel, stride, padding, groups) at batch 32.
+LAYERS = [
+    ("stem 7x7/2 3->64 @224", 3, 64, 224, 7, 2, 3, 1),
+    ("3x3 64 @56", 64, 64, 56, 3, 1, 1, 1),
+    ("3x3 128 @28", 128, 128, 28, 3, 1, 1, 1),
+    ("3x3 256 @14", 256, 256, 14, 3, 1, 1, 1),
+    ("3x3 512 @7", 512, 512, 7, 3, 1, 1, 1),
+    ("1x1 256->64 @56", 256, 64, 56, 1, 1, 0, 1),
+    ("dw 3x3 256 @28", 256, 256, 28, 3, 1, 1, 256),
+]
+BATCH = 32
+OPS = ("fwd", "bwd_data", "bwd_weight")
+
+
+def cuda_time_ms(fn, torch, warmup: int, reps: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm):
+    _, C, K, HW, k, stride, pad, groups = layer
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    dev = "cuda"
+    x = torch.randn(BATCH, C, HW, HW, device=dev, dtype=dtype).contiguous(memory_format=fmt)
+    w = (torch.randn(K, C // groups, k, k, device=dev, dtype=dtype) * 0.05).contiguous(memory_format=fmt)
+    y = torch.nn.functional.conv2d(x, w, stride=stride, padding=pad, groups=groups)
+    dy = torch.randn_like(y).contiguous(memory_format=fmt)
+    geo = dict(stride=stride, padding=pad, groups=groups)
+    fx = dict(geo, algorithm=algorithm)
+    return {
+        "fwd": (lambda: torch.nn.functional.conv2d(x, w, **geo),
+                lambda: flux_dnn.conv2d(x, w, **fx)),
+        "bwd_data": (lambda: torch.nn.grad.conv2d_input(x.shape, w, dy, **geo),
+                     lambda: flux_dnn.conv_backward_data(dy, w, tuple(x.shape), **fx)),
+        "bwd_weight": (lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, **geo),
+                       lambda: flux_dnn.conv_backward_weight(x, dy, tuple(w.shape), **fx)),
+    }
+
+
+def host_overhead_us(torch, flux_dnn, calls: int) -> tuple:
+    """Microseconds of host time per call of a tiny conv (the GPU is never the bottleneck)."""
+    x = torch.randn(1, 4, 8, 8, device="cuda")
+    w = torch.randn(4, 4, 3, 3, device="cuda")
+    result = {}
+    for name, fn in (("torch", lambda: torch.nn.functional.conv2d(x, w, padding=1)),
+                     ("flux_dnn", lambda: flux_dnn.conv2d(x, w, padding=1))):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        result[name] = (t1 - t0) / calls * 1e6
+    return result["torch"], result["flux_dnn"]
+
+
+def geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--heuristic", action="store_true",
+                        help="cudnn.benchmark=False and algorithm='heuristic' (default: benchmark on both)")
+    parser.add_argument("--dtypes", default="float16,bfloat16,float32")
+    parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument("--budget-s", type=float, default=float("inf"),
+                        help="start no new layer after this many seconds (the summary still prints)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    import flux_dnn
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to benchmark")
+        return 0
+    torch.backends.cudnn.benchmark = not args.heuristic
+    algorithm = "heuristic" if args.heuristic else "benchmark"
+    warmup, reps = (2, 5) if args.quick else (3, 15)
+    rows = []
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} (cuDNN "
+          f"{torch.backends.cudnn.version()}), flux_dnn {flux_dnn.__version__}, N={BATCH}, "
+          f"{'heuristic' if args.heuristic else 'benchmark'} mode on both")
+    print(f"{'layer':24} {'dtype':9} {'layout':6} {'op':10} {'torch ms':>9} {'flux ms':>9} {'ratio':>6}")
+    started = time.perf_counter()
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        for channels_last in (False, True):
+            for layer in LAYERS:
+                if time.perf_counter() - started > args.budget_s:
+                    print(f"time budget spent: skipping {layer[0]} {dtype_name} "
+                          f"{'NHWC' if channels_last else 'NCHW'}")
+                    continue
+                calls = make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm)
+                for op in OPS:
+                    torch_fn, flux_fn = calls[op]
+                    try:
+                        t_ms = cuda_time_ms(torch_fn, torch, warmup, reps)
+                        f_ms = cuda_time_ms(flux_fn, torch, warmup, reps)
+                    except Exception as exc:  # report and go on: one failure must not hide the rest
+                        print(f"{layer[0]:24} {dtype_name:9} {'NHWC' if channels_last else 'NCHW':6} "
+                              f"{op:10} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                        rows.append(dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last,
+                                         op=op, error=str(exc)))
+                        continue
+                    ratio = t_ms / f_ms
+                    rows.append(dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last,
+                                     op=op, torch_ms=t_ms, flux_ms=f_ms, ratio=ratio))
+                    print(f"{layer[0]:24} {dtype_name:9} {'NHWC' if channels_last else 'NCHW':6} "
+                          f"{op:10} {t_ms:9.3f} {f_ms:9.3f} {ratio:6.2f}")
+                del calls
+                torch.cuda.empty_cache()
+    t_us, f_us = host_overhead_us(torch, flux_dnn, 2000 if args.quick else 10000)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(rows=rows, host_us=dict(torch=t_us, flux_dnn=f_us)), f, indent=1)
+    print_summary(rows, t_us, f_us)
+    return 0
+
+
+def print_summary(rows, t_us, f_us) -> None:
+    ok = [r for r in rows if "ratio" in r]
+    failed = len(rows) - len(ok)
+    print("\nsummary: ratio = torch_time / flux_time (aim: geomean >= 1.0, none below 0.95)")
+    print(f"{'group':22} {'n':>3} {'geomean':>8} {'min':>6} {'below 0.95':>10}")
+    groups = [("all", ok)]
+    groups += [(d, [r for r in ok if r["dtype"] == d]) for d in sorted({r["dtype"] for r in ok})]
+    groups += [(o, [r for r in ok if r["op"] == o]) for o in OPS]
+    groups += [("NHWC" if cl else "NCHW", [r for r in ok if r["channels_last"] == cl]) for cl in (False, True)]
+    for name, rs in groups:
+        if rs:
+            ratios = [r["ratio"] for r in rs]
+            print(f"{name:22} {len(rs):3d} {geomean(ratios):8.3f} {min(ratios):6.2f} "
+                  f"{sum(v < 0.95 for v in ratios):10d}")
+    print(f"host overhead per tiny conv: torch {t_us:.1f} us, flux_dnn {f_us:.1f} us"
+          f"{'  (failed measurements: %d)' % failed if failed else ''}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,395 @@
+// The cuDNN shim: flux_dnn's ABI (flux_dnn.h) over cuDNN 9's graph API on NVIDIA GPUs.
+//
+// A plan holds a finalized cuDNN execution plan for one convolution (with bias and
+// activation fused into the graph when cuDNN can), chosen once at plan time (heuristic,
+// benchmark or given id); executing it binds this call's pointers in a variant pack and
+// launches on the caller's stream. What the graph does not take (bias, activation, beta
+// around an unfused convolution; the bias gradient of backward-weight) our own kernels do
+// (epilogue.cu). See README.md for the choices.
+#include <cudnn_version.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "conv_graph.hpp"
+#include "cuda_env.hpp"
+#include "cudnn_lib.hpp"
+#include "engines.hpp"
+#include "epilogue.hpp"
+#include "handle_pool.hpp"
+#include "problem.hpp"
+#include "shim_common.hpp"
+
+using fdnn_shim::fail;
+using fdnn_shim::Failure;
+using namespace fdnn_cudnn;
+
+struct FDNN_Plan {
+  ConvProblem problem;
+  ConvGraph graph;
+  Selected selected;
+  // The caller's workspace: [cuDNN's | conv result, when the epilogue needs y_old |
+  // w in x's memory order, when the caller's w is in another].
+  size_t scratch_offset = 0;
+  size_t w_stage_offset = 0;
+  size_t workspace_size = 0;
+  EpilogueParams epilogue;
+  StridedCopy w_to_stage, stage_to_w;
+  // One cuDNN execution plan per handle (so per thread): cuDNN plans must not be shared
+  // between threads. Built on first use from the chosen engine configuration.
+  mutable std::mutex plans_mutex;
+  mutable std::map<cudnnHandle_t, fdnn_cudnn::DescPtr> plan_by_handle;
+};
+
+namespace {
+
+constexpr size_t kWorkspaceAlign = 256;
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+#define FDNN_STR2(x) #x
+#define FDNN_STR(x) FDNN_STR2(x)
+constexpr const char* kBuiltVersion =
+    FDNN_STR(CUDNN_MAJOR) "." FDNN_STR(CUDNN_MINOR) "." FDNN_STR(CUDNN_PATCHLEVEL);
+
+struct ShimState {
+  std::string runtime_version;  // "" when cuDNN is missing
+  std::string why_not;          // "" when usable
+  int num_devices = 0;
+};
+
+const ShimState& shim_state() {
+  static const ShimState state = [] {
+    ShimState s;
+    std::string why;
+    if (const CudnnLib* lib = load_cudnn(&why)) {
+      s.runtime_version = cudnn_version_text(lib->GetVersion());
+    } else {
+      s.why_not = why;
+      return s;
+    }
+    const CudaDevices& devices = cuda_devices();
+    s.why_not = devices.why_not;
+    s.num_devices = devices.count;
+    return s;
+  }();
+  return state;
+}
+
+void require_usable() {
+  const ShimState& s = shim_state();
+  if (!s.why_not.empty()) fail(FDNN_ERROR_UNAVAILABLE, "cudnn: %s", s.why_not.c_str());
+}
+
+void require_device(int device) {
+  require_usable();
+  const ShimState& s = shim_state();
+  if (device < 0 || device >= s.num_devices)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: no CUDA device %d (this process sees %d)",
+         device, s.num_devices);
+}
+
+// Re-throws a failure with the conv parameters appended, unless the message has them.
+template <class Body>
+void with_problem(const std::string& description, Body&& body) {
+  try {
+    body();
+  } catch (const Failure& f) {
+    std::string message = f.what();
+    if (message.find(description) != std::string::npos) throw;
+    throw Failure(f.code(), message + " [" + description + "]");
+  }
+}
+
+ElementType element_type(cudnnDataType_t t) {
+  switch (t) {
+    case CUDNN_DATA_HALF: return ElementType::kHalf;
+    case CUDNN_DATA_BFLOAT16: return ElementType::kBFloat16;
+    case CUDNN_DATA_DOUBLE: return ElementType::kDouble;
+    default: return ElementType::kFloat;
+  }
+}
+
+EpilogueParams epilogue_params(const ConvProblem& p) {
+  EpilogueParams e;
+  e.type = element_type(p.dtype);
+  e.y.ndim = static_cast<int>(p.y_logical.shape.size());
+  for (int d = 0; d < e.y.ndim; ++d) {
+    e.y.shape[d] = p.y_logical.shape[static_cast<size_t>(d)];
+    e.y.strides[d] = p.y_logical.strides[static_cast<size_t>(d)];
+  }
+  e.bias_stride = p.bias_stride;
+  e.alpha = p.alpha;
+  e.beta = p.beta;
+  e.activation = static_cast<int>(p.activation);
+  e.activation_alpha = p.activation_alpha;
+  e.activation_beta = p.activation_beta;
+  return e;
+}
+
+size_t compact_bytes(const LogicalTensor& t, size_t element_size) {
+  size_t n = element_size;
+  for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+StridedCopy copy_between(const LogicalTensor& from, const LogicalTensor& to,
+                         size_t element_size) {
+  StridedCopy c;
+  c.element_size = static_cast<int>(element_size);
+  c.src.ndim = static_cast<int>(from.shape.size());
+  for (size_t d = 0; d < from.shape.size(); ++d) {
+    c.src.shape[d] = from.shape[d];
+    c.src.strides[d] = from.strides[d];
+    c.dst_strides[d] = to.strides[d];
+  }
+  return c;
+}
+
+// With an epilogue, the convolution applies alpha only; beta belongs to the epilogue.
+ConvScales conv_scales(const ConvProblem& p) {
+  if (p.has_epilogue()) return {p.alpha, 0.0};
+  return {p.alpha, p.beta};
+}
+
+// Bytes of the caller's workspace the shim itself uses besides cuDNN's.
+struct ExtraWorkspace {
+  size_t conv_result = 0;  // the conv result, when the epilogue still needs y's old value
+  size_t w_staged = 0;     // w in x's memory order, when the caller's is in another
+  size_t total() const { return conv_result + w_staged; }
+};
+
+ExtraWorkspace extra_workspace(const ConvProblem& p) {
+  ExtraWorkspace e;
+  if (p.needs_conv_scratch()) e.conv_result = round_up(p.y_logical.span_bytes, kWorkspaceAlign);
+  if (p.stage_w) e.w_staged = round_up(compact_bytes(p.w_logical, p.element_size), kWorkspaceAlign);
+  return e;
+}
+
+// Bias and activation inside cuDNN's graph, when cuDNN has an engine for that under the
+// caller's flags; false (and nothing chosen) otherwise, and the epilogue kernel runs after
+// an unfused convolution. A given id says which of the two it came from.
+bool try_fused_graph(FDNN_Plan* plan, const EngineRequest& request, cudnnHandle_t handle) {
+  const ConvProblem& p = plan->problem;
+  bool given = request.policy == FDNN_ALGO_GIVEN;
+  if (!can_fuse_epilogue(p) || (given && !algo_id_is_fused(request.given_id))) return false;
+  try {
+    ConvGraph fused = build_fused_graph(p, handle);
+    plan->selected = select_engine(p, fused, request, handle);
+    plan->graph = std::move(fused);
+    return true;
+  } catch (const Failure&) {
+    if (given) throw;  // the id named a fused engine that is not there
+    return false;
+  }
+}
+
+void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
+  const ConvProblem& p = plan->problem;
+  ExtraWorkspace extra = extra_workspace(p);
+  size_t limit = args.workspace_limit;
+  if (limit < extra.total())
+    fail(FDNN_ERROR_UNSUPPORTED, "cudnn: needs %zu bytes of workspace (%zu for the conv "
+         "result that bias/activation with beta != 0 reads, %zu for w in x's memory "
+         "order), over the limit of %zu", extra.total(), extra.conv_result, extra.w_staged,
+         limit);
+  DeviceGuard guard(p.device);
+  EngineRequest request;
+  request.policy = args.algo_policy;
+  request.given_id = args.algo_id;
+  request.workspace_budget = limit == SIZE_MAX ? SIZE_MAX : limit - extra.total();
+  request.stream = static_cast<cudaStream_t>(args.stream);
+  cudnnHandle_t handle = thread_handle(p.device, request.stream);
+  if (!try_fused_graph(plan, request, handle)) {
+    plan->graph = build_conv_graph(p, conv_scales(p), handle);
+    plan->selected = select_engine(p, plan->graph, request, handle);
+  }
+  plan->plan_by_handle[handle] = plan->selected.plan;
+}
+
+// [cuDNN's workspace | conv result | staged w], each part 256-byte aligned.
+void lay_out_workspace(FDNN_Plan* plan) {
+  const ConvProblem& p = plan->problem;
+  ExtraWorkspace extra = extra_workspace(p);
+  size_t cudnn_ws = plan->selected.workspace;
+  plan->scratch_offset = round_up(cudnn_ws, kWorkspaceAlign);
+  plan->w_stage_offset = plan->scratch_offset + extra.conv_result;
+  plan->workspace_size = extra.total() > 0 ? plan->w_stage_offset + extra.w_staged : cudnn_ws;
+  if (p.stage_w) {
+    plan->w_to_stage = copy_between(p.w_logical, p.w_staged, p.element_size);
+    plan->stage_to_w = copy_between(p.w_staged, p.w_logical, p.element_size);
+  }
+}
+
+void create_plan(FDNN_Conv_Plan_Create_Args* args) {
+  fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE,
+                               "Conv_Plan_Create");
+  require_usable();  // "no driver" before any complaint about the arguments
+  auto plan = std::make_unique<FDNN_Plan>();
+  plan->problem = read_problem(*args);
+  require_device(plan->problem.device);
+  with_problem(plan->problem.description, [&] { choose_engine(plan.get(), *args); });
+  lay_out_workspace(plan.get());
+  plan->epilogue = epilogue_params(plan->problem);
+  args->workspace_size = plan->workspace_size;
+  args->chosen_algo_id = plan->selected.algo_id;
+  args->algo_name = plan->selected.name.c_str();
+  args->plan = plan.release();
+}
+
+void check_alignment(const FDNN_Plan& plan, const void* ptr, const char* name) {
+  if (reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(plan.problem.alignment) != 0)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: %s at %p is not %lld-byte aligned as the plan "
+         "assumed (plan with the real data pointers to allow less)", name, ptr,
+         static_cast<long long>(plan.problem.alignment));
+}
+
+void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a) {
+  const FDNN_Plan& plan = *a.plan;
+  if (a.x == nullptr || a.w == nullptr || a.y == nullptr)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: x, w and y pointers are all required");
+  if (plan.problem.has_bias && a.bias == nullptr)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: the plan has a bias but the bias pointer is "
+         "NULL");
+  if (plan.workspace_size > 0 && (a.workspace == nullptr || a.workspace_size <
+                                  plan.workspace_size))
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: the plan needs %zu bytes of workspace, got "
+         "%zu at %p", plan.workspace_size, a.workspace_size, a.workspace);
+  check_alignment(plan, a.x, "x");
+  check_alignment(plan, a.w, "w");
+  check_alignment(plan, a.y, "y");
+  if (plan.graph.binds_bias) check_alignment(plan, a.bias, "bias");
+}
+
+void run_epilogue(const FDNN_Plan& plan, const FDNN_Conv_Plan_Execute_Args& a,
+                  void* conv_out, cudaStream_t stream) {
+  const ConvProblem& p = plan.problem;
+  if (p.has_epilogue() && !plan.graph.fused)
+    check_cuda(launch_bias_activation(plan.epilogue, a.y, conv_out,
+                                      p.has_bias ? a.bias : nullptr, stream),
+               "launch of the bias/activation kernel");
+  if (p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias)
+    check_cuda(launch_bias_gradient(plan.epilogue, a.y, a.bias, stream),
+               "launch of the bias-gradient kernel");
+}
+
+// The w cuDNN sees: the caller's, or its copy in x's memory order. A dw output is copied
+// in only when beta accumulates into it.
+void* stage_w_in(const FDNN_Plan& plan, void* w, char* workspace, cudaStream_t stream) {
+  const ConvProblem& p = plan.problem;
+  if (!p.stage_w) return w;
+  void* staged = workspace + plan.w_stage_offset;
+  if (p.op != FDNN_CONV_BACKWARD_WEIGHT || p.beta != 0.0)
+    check_cuda(launch_strided_copy(plan.w_to_stage, w, staged, stream),
+               "launch of the w staging copy");
+  return staged;
+}
+
+void stage_w_out(const FDNN_Plan& plan, void* staged, void* w, cudaStream_t stream) {
+  if (!plan.problem.stage_w || plan.problem.op != FDNN_CONV_BACKWARD_WEIGHT) return;
+  check_cuda(launch_strided_copy(plan.stage_to_w, staged, w, stream),
+             "launch of the dw copy-out");
+}
+
+const Desc& execution_plan(const FDNN_Plan& plan, cudnnHandle_t handle) {
+  std::lock_guard<std::mutex> lock(plan.plans_mutex);
+  DescPtr& slot = plan.plan_by_handle[handle];
+  if (!slot) {
+    slot = plan_for_handle(*plan.selected.config, handle);
+    if (static_cast<size_t>(slot->get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)) >
+        plan.selected.workspace)
+      fail(FDNN_ERROR_INTERNAL, "cudnn: the engine wants more workspace on this thread "
+           "than when planned");
+  }
+  return *slot;
+}
+
+void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
+  fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE,
+                               "Conv_Plan_Execute");
+  if (args->plan == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: plan is NULL");
+  const FDNN_Plan& plan = *args->plan;
+  with_problem(plan.problem.description, [&] {
+    check_execute_args(*args);
+    DeviceGuard guard(plan.problem.device);
+    cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
+    cudnnHandle_t handle = thread_handle(plan.problem.device, stream);
+    char* workspace = static_cast<char*>(args->workspace);
+    void* conv_out = args->y;
+    if (plan.problem.needs_conv_scratch()) conv_out = workspace + plan.scratch_offset;
+    void* w = stage_w_in(plan, args->w, workspace, stream);
+    Operands operands{args->x, w, conv_out, plan.graph.binds_bias ? args->bias : nullptr,
+                      args->workspace};
+    cudnnStatus_t status = run_plan(handle, execution_plan(plan, handle), operands);
+    if (status != CUDNN_STATUS_SUCCESS) fail_cudnn(status, "cudnnBackendExecute");
+    stage_w_out(plan, w, args->w, stream);
+    run_epilogue(plan, *args, conv_out, stream);
+  });
+}
+
+// ---- the table ---------------------------------------------------------------------------
+
+void Error_Destroy(FDNN_Error_Destroy_Args* args) { fdnn_shim::error_destroy(args); }
+
+void Error_Describe(FDNN_Error_Describe_Args* args) { fdnn_shim::error_describe(args); }
+
+FDNN_Error* Shim_Info(FDNN_Shim_Info_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Shim_Info_Args_STRUCT_SIZE, "Shim_Info");
+    const ShimState& s = shim_state();
+    args->shim_name = "cudnn";
+    args->vendor_name = "cuDNN";
+    args->vendor_version_built = kBuiltVersion;
+    args->vendor_version_runtime = s.runtime_version.c_str();
+    args->device_type = FDNN_DEVICE_CUDA;
+    args->num_devices = s.num_devices;
+    args->unavailable_reason = s.why_not.empty() ? nullptr : s.why_not.c_str();
+  });
+}
+
+FDNN_Error* Device_Describe(FDNN_Device_Describe_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Device_Describe_Args_STRUCT_SIZE,
+                                 "Device_Describe");
+    require_device(args->device_id);
+    args->name = cuda_devices().names[static_cast<size_t>(args->device_id)].c_str();
+  });
+}
+
+FDNN_Error* Conv_Plan_Create(FDNN_Conv_Plan_Create_Args* args) {
+  return fdnn_shim::guarded([&] { create_plan(args); });
+}
+
+FDNN_Error* Conv_Plan_Execute(FDNN_Conv_Plan_Execute_Args* args) {
+  return fdnn_shim::guarded([&] { execute_plan(args); });
+}
+
+void Plan_Destroy(FDNN_Plan_Destroy_Args* args) {
+  if (args == nullptr || args->plan == nullptr) return;
+  FDNN_Plan* plan = args->plan;
+  int current = -1;
+  // At process exit the CUDA runtime may already be torn down; freeing cuDNN's objects then
+  // can crash, so the plan is left to the process's end (as PyTorch leaks its handles).
+  if (cudaGetDevice(&current) != cudaSuccess) return;
+  try {
+    DeviceGuard guard(plan->problem.device);  // cuDNN frees device resources of the plan
+    delete plan;
+  } catch (...) {
+    // The device cannot be made current: leave the plan rather than crash.
+  }
+}
+
+const FDNN_Api kApi = {
+    FDNN_Api_STRUCT_SIZE, FDNN_ABI_MAJOR,     FDNN_ABI_MINOR,   Error_Destroy,
+    Error_Describe,       Shim_Info,          Device_Describe,  Conv_Plan_Create,
+    Conv_Plan_Execute,    Plan_Destroy,
+    // 1.1: cuDNN reads w as it is (a copy in x's memory order only when it differs), so
+    // there is nothing to pack once; the core then executes plans as they are.
+    nullptr,
+};
+
+}  // namespace
+
+extern "C" FDNN_EXPORT const FDNN_Api* fdnn_get_api(void) { return &kApi; }

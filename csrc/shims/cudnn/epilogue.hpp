@@ -1,0 +1,55 @@
+// Element-wise work next to cuDNN's convolution, as small CUDA kernels of our own:
+//  - the forward epilogue y = act(conv + alpha * bias) + beta * y_old, used when the
+//    convolution engine itself takes no bias/activation (the conv has already applied alpha);
+//  - the bias gradient db = alpha * sum(dy over N and spatial) + beta * db_old.
+// Strided over the ABI's logical tensors, so every layout works. Plain C++ interface: the
+// rest of the shim needs no CUDA compiler.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fdnn_cudnn {
+
+enum class ElementType { kHalf, kBFloat16, kFloat, kDouble };
+
+constexpr int kMaxEpilogueDims = 5;
+
+struct StridedTensor {
+  int ndim = 0;  // N, K, *spatial
+  int64_t shape[kMaxEpilogueDims] = {};
+  int64_t strides[kMaxEpilogueDims] = {};
+};
+
+struct EpilogueParams {
+  ElementType type = ElementType::kFloat;
+  StridedTensor y;
+  int64_t bias_stride = 1;
+  double alpha = 1.0;
+  double beta = 0.0;
+  int activation = 0;  // FDNN_Activation
+  float activation_alpha = 0.f;
+  float activation_beta = 0.f;
+};
+
+// y = act(src + alpha * bias) + beta * y; src is the conv result (y itself when beta == 0).
+// bias may be NULL.
+cudaError_t launch_bias_activation(const EpilogueParams& p, void* y, const void* src,
+                                   const void* bias, cudaStream_t stream);
+
+// dst = src element by element, each with its own strides over one logical shape (to
+// stage a tensor in the memory order cuDNN wants).
+struct StridedCopy {
+  int element_size = 4;  // 2, 4 or 8 bytes
+  StridedTensor src;     // shape and source strides
+  int64_t dst_strides[kMaxEpilogueDims] = {};
+};
+cudaError_t launch_strided_copy(const StridedCopy& c, const void* src, void* dst,
+                                cudaStream_t stream);
+
+// db = alpha * sum over all but dim 1 of dy + beta * db (p.y describes dy).
+cudaError_t launch_bias_gradient(const EpilogueParams& p, const void* dy, void* db,
+                                 cudaStream_t stream);
+
+}  // namespace fdnn_cudnn

@@ -1,0 +1,66 @@
+// One convolution as the shim sees it: the ABI's arguments checked and translated into
+// cuDNN's terms (data types, at least 2 spatial dims, positive strides), plus what the
+// epilogue (bias, activation, beta) and the bias gradient need. Built once per plan.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cudnn_lib.hpp"
+#include "shim_common.hpp"
+
+namespace fdnn_cudnn {
+
+// A tensor in cuDNN's view: N, C, *spatial with at least 2 spatial dims.
+struct Geometry {
+  std::vector<int64_t> dims;
+  std::vector<int64_t> strides;  // elements
+};
+
+// A tensor in the ABI's view (1 to 3 spatial dims), for the epilogue kernels.
+struct LogicalTensor {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  size_t span_bytes = 0;  // bytes from the first element to one past the last
+};
+
+struct ConvProblem {
+  FDNN_ConvOp op = FDNN_CONV_FORWARD;
+  int device = 0;
+  FDNN_DLDataType abi_dtype{};
+  cudnnDataType_t dtype = CUDNN_DATA_FLOAT;
+  cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+  size_t element_size = 4;
+  Geometry x, w, y, bias;  // bias: 1, K, 1, ... (only when has_bias)
+  LogicalTensor x_logical, w_logical, y_logical;
+  std::vector<int64_t> stride, dilation, pad_lo, pad_hi;  // cuDNN spatial dims
+  bool has_bias = false;
+  int64_t bias_stride = 1;  // elements between consecutive bias values
+  double alpha = 1.0;
+  double beta = 0.0;
+  FDNN_Activation activation = FDNN_ACTIVATION_NONE;
+  float activation_alpha = 0.f;
+  float activation_beta = 0.f;
+  uint32_t flags = 0;
+  // cuDNN's convolution kernels want w in x's memory order (KCRS with NCHW, KRSC with
+  // NHWC). A w in another order is copied into the workspace in x's order (w_staged).
+  bool stage_w = false;
+  LogicalTensor w_staged;
+  int64_t alignment = 16;    // bytes cuDNN may assume for every data pointer
+  std::string description;  // the conv parameters, for error messages
+
+  bool deterministic() const { return flags & FDNN_CONV_DETERMINISTIC; }
+  bool reduced_precision_allowed() const { return flags & FDNN_CONV_ALLOW_REDUCED_PRECISION; }
+  bool is_double() const { return dtype == CUDNN_DATA_DOUBLE; }
+  bool has_epilogue() const {
+    return op == FDNN_CONV_FORWARD && (has_bias || activation != FDNN_ACTIVATION_NONE);
+  }
+  // The epilogue needs the conv result apart from y when y's old value is still needed.
+  bool needs_conv_scratch() const { return has_epilogue() && beta != 0.0; }
+};
+
+// Checks the arguments (throws Failure(INVALID_ARGUMENT / UNSUPPORTED) with a clear
+// message) and translates them.
+ConvProblem read_problem(const FDNN_Conv_Plan_Create_Args& args);
+
+}  // namespace fdnn_cudnn

@@ -1,0 +1,57 @@
+"""flux_dnn's cuDNN shim for CUDA 13: registers the shim library through the
+``flux_dnn.shims`` entry point. Nothing here loads a vendor library at import."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import pathlib
+
+CUDA_MAJOR = int(__name__[-2:])  # flux_dnn_cuda13 -> 13, flux_dnn_cuda12 -> 12
+CUDNN_DISTRIBUTION = f"nvidia-cudnn-cu{CUDA_MAJOR}"
+CUDNN_SONAME = "libcudnn.so.9"
+LIBRARY = pathlib.Path(__file__).with_name("libflux_dnn_cudnn.so")
+
+__all__ = ["shim_spec", "find_libcudnn"]
+
+
+def find_libcudnn() -> pathlib.Path | None:
+    """libcudnn.so.9 inside the nvidia-cudnn-cu* wheel, or None when it is not installed."""
+    try:
+        files = importlib.metadata.distribution(CUDNN_DISTRIBUTION).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name == CUDNN_SONAME:
+            return pathlib.Path(f.locate()).resolve()
+    return None
+
+
+def _preload() -> None:
+    """Loads cuDNN globally so that the shim's dlopen("libcudnn.so.9") finds it."""
+    path = find_libcudnn()
+    if path is not None:
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        return
+    try:  # a system cuDNN 9 on the library path serves as well
+        ctypes.CDLL(CUDNN_SONAME, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        raise RuntimeError(
+            f"cuDNN 9 not found: {CUDNN_DISTRIBUTION} is not installed "
+            f"(pip install {CUDNN_DISTRIBUTION})"
+        ) from None
+
+
+def shim_spec():
+    """The entry point of group ``flux_dnn.shims``."""
+    from flux_dnn import ShimSpec
+
+    return ShimSpec(
+        name="cudnn",
+        device_type=2,  # DLPack kDLCUDA
+        library=str(LIBRARY),
+        preload=_preload,
+        dtypes=("float16", "bfloat16", "float32", "float64"),
+        install_hint=f"an NVIDIA GPU with a driver for CUDA {CUDA_MAJOR}, and "
+                     f"pip install flux-dnn-cuda{CUDA_MAJOR}",
+    )

@@ -1,0 +1,471 @@
+"""flux_dnn as PyTorch's convolution backend.
+
+``flux_dnn.torch.conv2d(x, w)`` and friends are PyTorch custom operators (``torch.ops.flux_dnn``)
+with autograd through flux_dnn's own backward ops and fake implementations, so they work in
+eager mode, under ``torch.no_grad``/``inference_mode``, and inside ``torch.compile``. (Eager
+calls skip the custom-op dispatcher through an equivalent ``torch.autograd.Function`` with the
+same kernels and gradient formulas: the dispatcher's Python costs as much as a small conv.)
+``Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d`` are drop-in ``torch.nn`` modules, and
+``convert(model)`` switches a model's convolutions to flux_dnn in place.
+
+Every tensor goes through flux_dnn's device dispatch: CPU tensors to the oneDNN shim, CUDA
+tensors to the cuDNN shim (on torch's current stream); nothing here is vendor-specific.
+
+Not supported: second derivatives through these ops (they raise) and torch.func transforms.
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+import flux_dnn
+from flux_dnn import _conv
+from flux_dnn._adapters import is_channels_last
+
+__all__ = [
+    "conv", "conv1d", "conv2d", "conv3d",
+    "conv_transpose", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "convert",
+]
+
+# ------------------------------------------------------------------------------------------
+# Layout helpers shared by the real and the fake implementations, so both agree on strides.
+
+
+def _dense(t: Optional[Tensor]) -> Optional[Tensor]:
+    """t itself if flux_dnn can take its strides (contiguous or channels-last), else a copy.
+    Gradients arriving from autograd are often expanded (stride 0) views."""
+    if t is None or t.is_contiguous() or is_channels_last(tuple(t.shape), t.stride()):
+        return t
+    return t.contiguous()
+
+
+def _empty_like_layout(like: Tensor, shape) -> Tensor:
+    """An uninitialised tensor of ``shape`` in ``like``'s memory format (channels-last or not),
+    the same rule flux_dnn uses for the outputs it allocates."""
+    shape = list(shape)
+    if is_channels_last(tuple(like.shape), like.stride()) and len(shape) >= 3:
+        order = [0, *range(2, len(shape)), 1]  # N, *spatial, C from outermost to innermost
+        strides, step = [0] * len(shape), 1
+        for d in reversed(order):
+            strides[d] = step
+            step *= shape[d]
+        return torch.empty_strided(shape, strides, dtype=like.dtype, device=like.device)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def _conv_out(size, k, s, d, lo, hi):
+    return (size + lo + hi - d * (k - 1) - 1) // s + 1
+
+
+def _transpose_out(size, k, s, d, p, op):
+    return (size - 1) * s - 2 * p + d * (k - 1) + op + 1
+
+
+def _pairs(lo, hi):
+    return tuple(zip(lo, hi))  # hashable, like every argument below: flux_dnn then memoises the call
+
+
+# ------------------------------------------------------------------------------------------
+# Kernels: plain functions calling flux_dnn, each registered below as a custom operator with a
+# fake implementation. Parameters arrive normalised (lists of ints, padding as lo/hi lists).
+# flux_dnn allocates the results in x's (dy's) memory format, the rule the fake
+# implementations follow; opcheck in the tests compares their strides.
+
+
+def _conv_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding_lo: List[int],
+               padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
+    x, w, bias = _dense(x), _dense(w), _dense(bias)
+    return flux_dnn.conv(x, w, bias, tuple(stride), _pairs(padding_lo, padding_hi), tuple(dilation), groups,
+                         deterministic=deterministic)
+
+
+def _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, deterministic):
+    sp = [_conv_out(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding_lo[i], padding_hi[i])
+          for i in range(x.dim() - 2)]
+    return _empty_like_layout(_dense(x), [x.shape[0], w.shape[0], *sp])
+
+
+def _bwd_data_impl(dy: Tensor, w: Tensor, input_shape: List[int], stride: List[int], padding_lo: List[int],
+                   padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
+    dy, w = _dense(dy), _dense(w)
+    return flux_dnn.conv_backward_data(dy, w, tuple(input_shape), tuple(stride), _pairs(padding_lo, padding_hi),
+                                       tuple(dilation), groups, deterministic=deterministic)
+
+
+def _bwd_data_fake(dy, w, input_shape, stride, padding_lo, padding_hi, dilation, groups, deterministic):
+    return _empty_like_layout(_dense(dy), input_shape)
+
+
+def _bwd_weight_impl(x: Tensor, dy: Tensor, weight_shape: List[int], stride: List[int], padding_lo: List[int],
+                     padding_hi: List[int], dilation: List[int], groups: int, bias_grad: bool,
+                     deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """(dw, db); db is an empty tensor unless bias_grad (an op returns a fixed number of tensors)."""
+    x, dy = _dense(x), _dense(dy)
+    # flux_dnn allocates dw (and db) contiguous, as the fake implementation below does.
+    res = flux_dnn.conv_backward_weight(x, dy, tuple(weight_shape), tuple(stride), _pairs(padding_lo, padding_hi),
+                                        tuple(dilation), groups, bias_grad=bias_grad, deterministic=deterministic)
+    return (res[0], res[1]) if bias_grad else (res, dy.new_empty(0))
+
+
+def _bwd_weight_fake(x, dy, weight_shape, stride, padding_lo, padding_hi, dilation, groups, bias_grad,
+                     deterministic):
+    db = dy.new_empty(weight_shape[0] if bias_grad else 0)
+    return x.new_empty(weight_shape), db
+
+
+def _bwd_bias_impl(dy: Tensor) -> Tensor:
+    return flux_dnn.conv_backward_bias(_dense(dy))
+
+
+def _bwd_bias_fake(dy):
+    return dy.new_empty(dy.shape[1])
+
+
+def _conv_transpose_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
+                         output_padding: List[int], dilation: List[int], groups: int,
+                         deterministic: bool) -> Tensor:
+    x, w, bias = _dense(x), _dense(w), _dense(bias)
+    return flux_dnn.conv_transpose(x, w, bias, tuple(stride), tuple(padding), tuple(output_padding), groups,
+                                   tuple(dilation), deterministic=deterministic)
+
+
+def _conv_transpose_fake(x, w, bias, stride, padding, output_padding, dilation, groups, deterministic):
+    sp = [_transpose_out(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding[i], output_padding[i])
+          for i in range(x.dim() - 2)]
+    return _empty_like_layout(_dense(x), [x.shape[0], w.shape[1] * groups, *sp])
+
+
+def _custom_op(name, impl, fake):
+    op = torch.library.custom_op(f"flux_dnn::{name}", impl, mutates_args=())
+    op.register_fake(fake)
+    return op
+
+
+_conv_op = _custom_op("conv", _conv_impl, _conv_op_fake)
+_bwd_data_op = _custom_op("conv_backward_data", _bwd_data_impl, _bwd_data_fake)
+_bwd_weight_op = _custom_op("conv_backward_weight", _bwd_weight_impl, _bwd_weight_fake)
+_bwd_bias_op = _custom_op("conv_backward_bias", _bwd_bias_impl, _bwd_bias_fake)
+_conv_transpose_op = _custom_op("conv_transpose", _conv_transpose_impl, _conv_transpose_fake)
+
+
+class _Kernels(NamedTuple):
+    conv: object
+    bwd_data: object
+    bwd_weight: object
+    bwd_bias: object
+    conv_transpose: object
+
+
+# What the gradient formulas call: the custom operators while torch.compile traces (they have
+# fake implementations), the plain kernels in eager mode, where the custom-op machinery would
+# add a few hundred microseconds of Python per call (as much as a small convolution).
+_OPS = _Kernels(_conv_op, _bwd_data_op, _bwd_weight_op, _bwd_bias_op, _conv_transpose_op)
+_EAGER = _Kernels(_conv_impl, _bwd_data_impl, _bwd_weight_impl, _bwd_bias_impl, _conv_transpose_impl)
+
+
+# ------------------------------------------------------------------------------------------
+# Autograd: the gradients of a convolution are flux_dnn's backward-data / backward-weight ops;
+# those of a transposed convolution are a forward convolution and backward-weight with the
+# roles of input and output exchanged.
+
+
+def _conv_setup(ctx, inputs, output):
+    x, w, bias, *params = inputs
+    ctx.save_for_backward(x, w)
+    ctx.params = params  # stride, padding_lo, padding_hi, dilation, groups, deterministic
+
+
+def _conv_grads(k: _Kernels, ctx, dy):
+    x, w = ctx.saved_tensors
+    stride, lo, hi, dilation, groups, det = ctx.params
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    dx = dw = db = None
+    if need_x:
+        dx = k.bwd_data(dy, w, list(x.shape), stride, lo, hi, dilation, groups, det)
+    if need_w or need_b:
+        dw, db = k.bwd_weight(x, dy, list(w.shape), stride, lo, hi, dilation, groups, need_b, det)
+    return dx, (dw if need_w else None), (db if need_b else None), None, None, None, None, None, None
+
+
+_conv_op.register_autograd(lambda ctx, dy: _conv_grads(_OPS, ctx, dy), setup_context=_conv_setup)
+
+
+def _equivalent_conv_hi(out_sp, kernel, in_sp, stride, dilation, padding) -> List[int]:
+    """High padding of the convolution that maps a transposed convolution's output back onto
+    its input. It is ``padding`` unless output_padding >= stride added whole strides past the
+    last window, which that convolution must not read (the same rule as flux_dnn.conv_transpose)."""
+    hi = list(padding)
+    for i in range(len(hi)):
+        while _conv_out(out_sp[i], kernel[i], stride[i], dilation[i], padding[i], hi[i]) > in_sp[i]:
+            hi[i] -= stride[i]
+    return hi
+
+
+def _transpose_setup(ctx, inputs, output):
+    x, w, bias, *params = inputs
+    ctx.save_for_backward(x, w)
+    ctx.params = params  # stride, padding, output_padding, dilation, groups, deterministic
+
+
+def _transpose_grads(k: _Kernels, ctx, dy):
+    x, w = ctx.saved_tensors
+    stride, padding, _, dilation, groups, det = ctx.params
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    hi = _equivalent_conv_hi(dy.shape[2:], w.shape[2:], x.shape[2:], stride, dilation, padding)
+    dx = dw = db = None
+    if need_x:
+        dx = k.conv(dy, w, None, stride, padding, hi, dilation, groups, det)
+    if need_w:
+        # y = conv_transpose(x, w) is backward-data of a convolution from y's shape to x's,
+        # so w's gradient is that convolution's backward-weight with input dy and output grad x.
+        dw, _ = k.bwd_weight(dy, x, list(w.shape), stride, padding, hi, dilation, groups, False, det)
+    if need_b:
+        db = k.bwd_bias(dy)
+    return dx, dw, db, None, None, None, None, None, None
+
+
+_conv_transpose_op.register_autograd(lambda ctx, dy: _transpose_grads(_OPS, ctx, dy), setup_context=_transpose_setup)
+
+
+# Eager mode: the same kernels and gradient formulas without the custom-op dispatch. The
+# forward takes ctx itself (no separate setup_context) because Function.apply binds the
+# arguments of a setup_context-style forward through inspect.signature on every call.
+# The backward ops have no gradients of their own: once_differentiable makes a second
+# derivative (create_graph=True) raise instead of silently missing these terms.
+
+
+class _ConvFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, *params):
+        _conv_setup(ctx, (x, w, bias, *params), None)
+        return _conv_impl(x, w, bias, *params)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        return _conv_grads(_EAGER, ctx, dy)
+
+
+class _ConvTransposeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, *params):
+        _transpose_setup(ctx, (x, w, bias, *params), None)
+        return _conv_transpose_impl(x, w, bias, *params)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        return _transpose_grads(_EAGER, ctx, dy)
+
+
+# Tests set this to run eager calls through the custom operators as well.
+_EAGER_CUSTOM_OPS = False
+
+
+def _use_custom_ops() -> bool:
+    # torch.func transforms (grad, vmap) are not supported by either path: flux_dnn needs
+    # tensors with storage, which functorch's wrapped tensors lack.
+    return _EAGER_CUSTOM_OPS or torch.compiler.is_compiling()
+
+
+def _run_conv(*args):
+    return _conv_op(*args) if _use_custom_ops() else _ConvFunction.apply(*args)
+
+
+def _run_conv_transpose(*args):
+    return _conv_transpose_op(*args) if _use_custom_ops() else _ConvTransposeFunction.apply(*args)
+
+
+# ------------------------------------------------------------------------------------------
+# Functional API (torch.nn.functional signatures)
+
+
+def _autocast(device_type: str, *tensors):
+    """Cast floating tensors to the autocast dtype when autocast is on: autocast does not know
+    our operators, and torch.nn.functional convolutions run in the lower precision there."""
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+
+
+def _batched(x: Tensor, nd: int, name: str):
+    """(x with a batch dim, whether one was added): torch.nn accepts unbatched (C, *spatial)."""
+    if x.dim() == nd + 1:
+        return x.unsqueeze(0), True
+    if x.dim() != nd + 2:
+        raise ValueError(f"{name}: a {nd}-D convolution expects a {nd + 1}-D (unbatched) or {nd + 2}-D "
+                         f"(batched) tensor, got shape {tuple(x.shape)}")
+    return x, False
+
+
+def _deterministic() -> bool:
+    return torch.are_deterministic_algorithms_enabled()
+
+
+def _check_tensor(t, name: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+
+
+def _conv_nd(nd, x, w, bias, stride, padding, dilation, groups):
+    _check_tensor(x, "x")
+    _check_tensor(w, "w")
+    x, unbatched = _batched(x, nd, "x")
+    if w.dim() != nd + 2:
+        raise ValueError(f"w: a {nd}-D convolution expects a {nd + 2}-D weight (K, C/groups, *kernel), "
+                         f"got shape {tuple(w.shape)}")
+    stride = list(_conv._ints(stride, nd, "stride", 1))
+    dilation = list(_conv._ints(dilation, nd, "dilation", 1))
+    lo, hi = _conv._padding(padding, nd, tuple(stride), tuple(dilation), tuple(w.shape[2:]))
+    x, w, bias = _autocast(x.device.type, x, w, bias)
+    y = _run_conv(x, w, bias, stride, list(lo), list(hi), dilation, _conv._int(groups, "groups"),
+                  _deterministic())
+    return y.squeeze(0) if unbatched else y
+
+
+def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """N-D convolution with autograd; the spatial rank comes from w (``w.dim() - 2``)."""
+    _check_tensor(w, "w")
+    return _conv_nd(w.dim() - 2, x, w, bias, stride, padding, dilation, groups)
+
+
+def conv1d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """``torch.nn.functional.conv1d`` on flux_dnn, with autograd."""
+    return _conv_nd(1, x, w, bias, stride, padding, dilation, groups)
+
+
+def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """``torch.nn.functional.conv2d`` on flux_dnn, with autograd."""
+    return _conv_nd(2, x, w, bias, stride, padding, dilation, groups)
+
+
+def conv3d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """``torch.nn.functional.conv3d`` on flux_dnn, with autograd."""
+    return _conv_nd(3, x, w, bias, stride, padding, dilation, groups)
+
+
+def _conv_transpose_nd(nd, x, w, bias, stride, padding, output_padding, groups, dilation):
+    _check_tensor(x, "x")
+    _check_tensor(w, "w")
+    x, unbatched = _batched(x, nd, "x")
+    if w.dim() != nd + 2:
+        raise ValueError(f"w: a {nd}-D transposed convolution expects a {nd + 2}-D weight "
+                         f"(C_in, C_out/groups, *kernel), got shape {tuple(w.shape)}")
+    stride = list(_conv._ints(stride, nd, "stride", 1))
+    dilation = list(_conv._ints(dilation, nd, "dilation", 1))
+    padding = list(_conv._ints(padding, nd, "padding", 0))
+    output_padding = list(_conv._ints(output_padding, nd, "output_padding", 0))
+    x, w, bias = _autocast(x.device.type, x, w, bias)
+    y = _run_conv_transpose(x, w, bias, stride, padding, output_padding, dilation,
+                            _conv._int(groups, "groups"), _deterministic())
+    return y.squeeze(0) if unbatched else y
+
+
+def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """N-D transposed convolution with autograd; the spatial rank comes from w."""
+    _check_tensor(w, "w")
+    return _conv_transpose_nd(w.dim() - 2, x, w, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose1d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """``torch.nn.functional.conv_transpose1d`` on flux_dnn, with autograd."""
+    return _conv_transpose_nd(1, x, w, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose2d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """``torch.nn.functional.conv_transpose2d`` on flux_dnn, with autograd."""
+    return _conv_transpose_nd(2, x, w, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose3d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """``torch.nn.functional.conv_transpose3d`` on flux_dnn, with autograd."""
+    return _conv_transpose_nd(3, x, w, bias, stride, padding, output_padding, groups, dilation)
+
+
+# ------------------------------------------------------------------------------------------
+# Modules: subclasses of the torch.nn ones, so constructor, parameters, state_dict keys,
+# repr and padding_mode are torch's own; only the convolution call changes.
+
+
+class _FluxConv:
+    _nd: int
+
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        if self.padding_mode != "zeros":  # as torch does: pad explicitly, then convolve unpadded
+            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return _conv_nd(self._nd, input, weight, bias, self.stride, 0, self.dilation, self.groups)
+        return _conv_nd(self._nd, input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Conv1d(_FluxConv, torch.nn.Conv1d):
+    """``torch.nn.Conv1d`` computed by flux_dnn."""
+    _nd = 1
+
+
+class Conv2d(_FluxConv, torch.nn.Conv2d):
+    """``torch.nn.Conv2d`` computed by flux_dnn."""
+    _nd = 2
+
+
+class Conv3d(_FluxConv, torch.nn.Conv3d):
+    """``torch.nn.Conv3d`` computed by flux_dnn."""
+    _nd = 3
+
+
+class _FluxConvTranspose:
+    _nd: int
+
+    def forward(self, input: Tensor, output_size: Optional[List[int]] = None) -> Tensor:
+        if self.padding_mode != "zeros":
+            raise ValueError(f"Only `zeros` padding mode is supported for {type(self).__name__}")
+        output_padding = self._output_padding(input, output_size, self.stride, self.padding,
+                                              self.kernel_size, self._nd, self.dilation)
+        return _conv_transpose_nd(self._nd, input, self.weight, self.bias, self.stride, self.padding,
+                                  output_padding, self.groups, self.dilation)
+
+
+class ConvTranspose1d(_FluxConvTranspose, torch.nn.ConvTranspose1d):
+    """``torch.nn.ConvTranspose1d`` computed by flux_dnn."""
+    _nd = 1
+
+
+class ConvTranspose2d(_FluxConvTranspose, torch.nn.ConvTranspose2d):
+    """``torch.nn.ConvTranspose2d`` computed by flux_dnn."""
+    _nd = 2
+
+
+class ConvTranspose3d(_FluxConvTranspose, torch.nn.ConvTranspose3d):
+    """``torch.nn.ConvTranspose3d`` computed by flux_dnn."""
+    _nd = 3
+
+
+_SWAP = {
+    torch.nn.Conv1d: Conv1d, torch.nn.Conv2d: Conv2d, torch.nn.Conv3d: Conv3d,
+    torch.nn.ConvTranspose1d: ConvTranspose1d, torch.nn.ConvTranspose2d: ConvTranspose2d,
+    torch.nn.ConvTranspose3d: ConvTranspose3d,
+}
+
+
+def convert(model: torch.nn.Module) -> torch.nn.Module:
+    """Make every ``torch.nn.Conv*``/``ConvTranspose*`` in ``model`` (itself included) compute with
+    flux_dnn, in place, and return ``model``.
+
+    Only the class changes: parameters, buffers, hooks and device stay the very same objects,
+    so an optimizer built before ``convert`` keeps working. Subclasses of the torch modules
+    (user layers with their own forward) are left alone.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    for module in model.modules():
+        flux_class = _SWAP.get(type(module))
+        if flux_class is not None:
+            module.__class__ = flux_class
+    return model

@@ -1,0 +1,99 @@
+"""The cuDNN shim through flux_dnn itself, on a machine without an NVIDIA GPU (and with one):
+the flux-dnn-cuda13 wheel registers the shim, flux_dnn finds and loads it and reports the
+cuDNN version and why it cannot run; CPU convolutions are unaffected; a CUDA array is
+refused with an error that names the device, the shim and the reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import flux_dnn
+
+cuda13 = pytest.importorskip(
+    "flux_dnn_cuda13", reason="flux-dnn-cuda13 is not installed (pip install packaging/flux-dnn-cuda13)")
+
+
+def cudnn_status():
+    found = [s for s in flux_dnn.shims() if s.name == "cudnn"]
+    assert len(found) == 1, [s.name for s in flux_dnn.shims()]
+    return found[0]
+
+
+def test_entry_point_spec_points_at_the_shim():
+    spec = cuda13.shim_spec()
+    assert isinstance(spec, flux_dnn.ShimSpec)
+    assert (spec.name, spec.device_type) == ("cudnn", 2)
+    assert spec.library.endswith("libflux_dnn_cudnn.so")
+    assert "pip install flux-dnn-cuda13" in spec.install_hint
+    assert set(spec.dtypes) == {"float16", "bfloat16", "float32", "float64"}
+
+
+def test_shims_lists_cudnn_loaded_with_its_cudnn_version():
+    s = cudnn_status()
+    assert s.found and s.loaded, s.reason
+    assert s.device_type == 2 and s.vendor == "cuDNN"
+    assert s.vendor_version_runtime.startswith("9."), s
+    assert s.vendor_version_built.startswith("9.")
+
+
+def test_without_a_gpu_the_reason_is_in_user_words():
+    s = cudnn_status()
+    if s.usable:
+        pytest.skip("a CUDA device is present")
+    assert s.num_devices == 0
+    assert any(words in s.reason for words in
+               ("no NVIDIA driver found", "no CUDA device", "driver is too old")), s.reason
+
+
+def test_info_command_reports_the_shim():
+    out = subprocess.run([sys.executable, "-m", "flux_dnn", "info"], capture_output=True,
+                         text=True, check=True).stdout
+    block = out[out.index("shim cudnn"):]
+    assert "[CUDA]" in block.splitlines()[0]
+    assert "cuDNN 9." in block
+    s = cudnn_status()
+    if not s.usable:
+        assert s.reason in block and "why not" in block
+
+
+def test_cpu_convolution_still_works_with_the_cuda_wheel_installed(rng):
+    cpu = [s for s in flux_dnn.shims() if s.device_type == 1]
+    if not any(s.usable for s in cpu):  # e.g. the GPU check machine, which lacks oneDNN
+        pytest.skip(f"no usable CPU shim here: {[s.reason for s in cpu]}")
+    x = rng.standard_normal((2, 3, 8, 8), dtype=np.float32)
+    w = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    y = flux_dnn.conv2d(x, w, padding=1)
+    assert isinstance(y, np.ndarray) and y.shape == (2, 4, 8, 8)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    expected = sum(np.einsum("nchw,kc->nkhw", xp[:, :, r:r + 8, s:s + 8], w[:, :, r, s])
+                   for r in range(3) for s in range(3))
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+class CudaArrayStandIn:
+    """Says it lives on cuda:0 and nothing more: dispatch must refuse it without reading
+    its data (a plumbing check, not a GPU result)."""
+
+    shape = (1, 1, 4, 4)
+    ndim = 4
+    dtype = np.dtype(np.float32)
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None, **kwargs):
+        raise AssertionError("the data of an unusable device must not be exported")
+
+
+def test_cuda_array_without_a_gpu_names_device_shim_and_reason():
+    s = cudnn_status()
+    if s.usable:
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(flux_dnn.DeviceUnavailableError) as err:
+        flux_dnn.conv2d(CudaArrayStandIn(), CudaArrayStandIn())
+    message = str(err.value)
+    assert "CUDA" in message and "cudnn" in message and s.reason in message, message

@@ -1,0 +1,219 @@
+"""The cuDNN shim's C ABI, driven directly through ctypes (below the core).
+
+Runs everywhere the shim is built: without a GPU it checks the table, the reported cuDNN
+version and the no-GPU reason and errors; with a CUDA device it also plans real
+convolutions (algorithm ids, flags, workspace limit). The conformance of the numbers is in
+test_cudnn_gpu.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from fdnn_ctypes import (FUNCTIONS, Api, DeviceDescribeArgs, PlanDestroyArgs, Shim, ShimInfoArgs,
+                         conv_args, tensor)
+
+
+def _shim_library() -> str | None:
+    path = os.environ.get("FLUX_DNN_CUDNN_SHIM")
+    if path:
+        return path
+    for package in ("flux_dnn_cuda13", "flux_dnn_cuda12"):
+        try:
+            module = __import__(package)
+        except ImportError:
+            continue
+        return str(module.LIBRARY)
+    return None
+
+
+LIBRARY = _shim_library()
+pytestmark = pytest.mark.skipif(
+    LIBRARY is None,
+    reason="cudnn shim not installed: pip install packaging/flux-dnn-cuda13 "
+           "(or set FLUX_DNN_CUDNN_SHIM to libflux_dnn_cudnn.so)")
+
+
+@pytest.fixture(scope="module")
+def shim() -> Shim:
+    # What the wheel's entry point does before the core loads the shim: load cuDNN from the
+    # nvidia-cudnn-cu* wheel. Without it the shim must still load and explain itself.
+    for dist in ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"):
+        try:
+            files = importlib.metadata.distribution(dist).files or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in files:
+            if f.name == "libcudnn.so.9":
+                ctypes.CDLL(str(f.locate()), mode=ctypes.RTLD_GLOBAL)
+                break
+    return Shim(LIBRARY)
+
+
+@pytest.fixture(scope="module")
+def info(shim) -> ShimInfoArgs:
+    return shim.info()
+
+
+def has_device(info) -> bool:
+    return info.unavailable_reason is None and info.num_devices > 0
+
+
+def test_table_is_abi_1_1(shim):
+    api = shim.api
+    assert api.struct_size == ctypes.sizeof(Api)
+    assert (api.abi_major, api.abi_minor) == (1, 1)
+    for name in FUNCTIONS:
+        assert getattr(api, name), f"{name} is NULL"
+    assert not api.Conv_Plan_Pack_Weights  # cuDNN reads w as it is: nothing to pack
+
+
+def test_only_the_entry_point_is_exported(shim):
+    for private in ("cudaMalloc", "cudaGetDeviceCount", "launch_bias_activation"):
+        assert not hasattr(shim.lib, private), f"{private} leaks out of the shim"
+
+
+def test_info_names_cudnn_and_its_versions(info):
+    assert info.shim_name == b"cudnn"
+    assert info.vendor_name == b"cuDNN"
+    assert info.device_type == 2
+    assert re.fullmatch(rb"9\.\d+\.\d+", info.vendor_version_built)
+    # The nvidia-cudnn-cu13 wheel is a dependency of the shim's wheel: it must be found.
+    assert re.fullmatch(rb"9\.\d+\.\d+", info.vendor_version_runtime), info.unavailable_reason
+
+
+def test_info_says_why_not_without_a_gpu(info):
+    if has_device(info):
+        pytest.skip("a CUDA device is present")
+    assert info.num_devices == 0
+    reason = info.unavailable_reason.decode()
+    assert ("no NVIDIA driver found" in reason or "no CUDA device" in reason
+            or "driver is too old" in reason), reason
+
+
+def test_finds_cudnn_without_preload_or_library_path():
+    """A fresh process, no preload, no LD_LIBRARY_PATH: the shim finds the cuDNN wheel
+    installed beside it (site-packages/nvidia/cudnn/lib)."""
+    if "site-packages" not in LIBRARY:
+        pytest.skip("shim not installed from its wheel")
+    code = ("import sys; sys.path.insert(0, sys.argv[2]); from fdnn_ctypes import Shim; "
+            "print(Shim(sys.argv[1]).info().vendor_version_runtime.decode())")
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([sys.executable, "-c", code, LIBRARY, os.path.dirname(__file__)],
+                         capture_output=True, text=True, env=env, check=True)
+    assert re.fullmatch(r"9\.\d+\.\d+", out.stdout.strip()), out
+
+
+def test_small_struct_size_is_refused(shim):
+    args = ShimInfoArgs(struct_size=8)
+    code, message = shim.call("Shim_Info", args)
+    assert code == "INVALID_ARGUMENT" and "struct_size" in message
+
+
+def test_plan_destroy_of_null_is_a_no_op(shim):
+    ctypes.CFUNCTYPE(None, ctypes.POINTER(PlanDestroyArgs))(shim.api.Plan_Destroy)(
+        ctypes.byref(PlanDestroyArgs(struct_size=ctypes.sizeof(PlanDestroyArgs), plan=None)))
+
+
+def _small_problem(**kw):
+    x, w, y = tensor([2, 4, 8, 8]), tensor([6, 4, 3, 3]), tensor([2, 6, 8, 8])
+    args = conv_args(x, w, y, padding=1, **kw)
+    args._keep = (x, w, y)
+    return args
+
+
+def test_plan_without_gpu_is_unavailable_with_the_reason(shim, info):
+    if has_device(info):
+        pytest.skip("a CUDA device is present")
+    code, message = shim.call("Conv_Plan_Create", _small_problem())
+    assert code == "UNAVAILABLE"
+    assert info.unavailable_reason.decode() in message
+
+
+def test_device_describe_without_gpu_is_unavailable(shim, info):
+    if has_device(info):
+        pytest.skip("a CUDA device is present")
+    args = DeviceDescribeArgs(struct_size=ctypes.sizeof(DeviceDescribeArgs), device_id=0)
+    code, _ = shim.call("Device_Describe", args)
+    assert code == "UNAVAILABLE"
+
+
+# ---- with a CUDA device ----------------------------------------------------------------
+
+def _gpu(info):
+    if not has_device(info):
+        pytest.skip(f"no CUDA device: {info.unavailable_reason.decode()}")
+
+
+def _plan(shim, args):
+    error = shim.call("Conv_Plan_Create", args)
+    assert error is None, error
+    result = (args.workspace_size, args.chosen_algo_id, args.algo_name.decode())
+    ctypes.CFUNCTYPE(None, ctypes.POINTER(PlanDestroyArgs))(shim.api.Plan_Destroy)(
+        ctypes.byref(PlanDestroyArgs(struct_size=ctypes.sizeof(PlanDestroyArgs), plan=args.plan)))
+    return result
+
+
+def test_device_name_has_the_sm_version(shim, info):
+    _gpu(info)
+    args = DeviceDescribeArgs(struct_size=ctypes.sizeof(DeviceDescribeArgs), device_id=0)
+    assert shim.call("Device_Describe", args) is None
+    assert re.search(rb"\(sm_\d+\)$", args.name), args.name
+
+
+@pytest.mark.parametrize("op", [0, 1, 2])
+def test_given_id_reproduces_the_choice(shim, info, op):
+    _gpu(info)
+    for policy in (0, 1):  # heuristic, benchmark
+        ws, algo, name = _plan(shim, _with(op, policy=policy))
+        ws2, algo2, name2 = _plan(shim, _with(op, policy=2, algo_id=algo))
+        assert algo2 == algo and ws2 == ws
+        assert name2.split(" (")[0] == name.split(" (")[0]
+
+
+def _with(op, **fields):
+    args = _small_problem(op=op)
+    for k, v in fields.items():
+        setattr(args, {"policy": "algo_policy"}.get(k, k), v)
+    return args
+
+
+def test_stale_algo_id_is_refused(shim, info):
+    _gpu(info)
+    code, message = shim.call("Conv_Plan_Create", _with(0, policy=2, algo_id=(9999 << 16) | 0))
+    assert code == "INVALID_ARGUMENT" and "algo id" in message and "conv2d" in message
+
+
+def test_workspace_limit_zero_is_honoured(shim, info):
+    _gpu(info)
+    ws, _, _ = _plan(shim, _with(0, workspace_limit=0))
+    assert ws == 0
+
+
+def test_deterministic_excludes_nondeterministic_engines(shim, info):
+    _gpu(info)
+    for op in (0, 1, 2):
+        _, _, name = _plan(shim, _with(op, flags=1, policy=1))
+        assert "nondeterministic" not in name
+
+
+def test_fp32_without_reduced_precision_avoids_tensor_cores(shim, info):
+    _gpu(info)
+    _, _, name = _plan(shim, _with(0, flags=0))
+    assert "tensor-core" not in name
+
+
+def test_bad_shape_names_the_parameters(shim, info):
+    _gpu(info)
+    x, w, y = tensor([2, 4, 8, 8]), tensor([6, 4, 3, 3]), tensor([2, 6, 7, 7])
+    args = conv_args(x, w, y, padding=1)
+    code, message = shim.call("Conv_Plan_Create", args)
+    assert code == "INVALID_ARGUMENT"
+    assert "spatial dim 0 of y is 7" in message and "x=[2,4,8,8]" in message

@@ -1,0 +1,164 @@
+"""flux_dnn.jax against jax.lax.conv_general_dilated: values and jax.grad, under jit and vmap."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import flux_dnn.jax as fj  # noqa: E402
+
+RTOL = 2e-4  # float32, relative to the largest magnitude of the reference
+
+
+@pytest.fixture(autouse=True, params=["ffi", "callback"])
+def backend(request, monkeypatch):
+    """Every test runs through the XLA FFI handler and through jax.pure_callback."""
+    if request.param == "ffi" and not fj.ffi_available():
+        pytest.skip(f"the XLA FFI handler is not installed (pip install ./packaging/flux-dnn-jax): {fj._ffi_state.get('reason')}")
+    monkeypatch.setattr(fj, "_BACKEND", request.param)
+    return request.param
+
+
+def close(got, want, what=""):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    scale = max(1.0, float(np.abs(want).max()))
+    err = float(np.abs(got - want).max())
+    assert err <= RTOL * scale, f"{what}: max error {err} > {RTOL} * {scale}"
+
+
+def randn(rng, *shape):
+    return jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+
+
+def lax_conv(x, w, stride, padding, dilation, groups):
+    return jax.lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
+                                        precision=jax.lax.Precision.HIGHEST)
+
+
+def lax_conv_transpose(x, w, stride, padding, output_padding, dilation, groups):
+    """torch-semantics transposed convolution as the VJP of lax's convolution w.r.t. its input."""
+    nd = x.ndim - 2
+    out_sp = [(x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w.shape[2 + i] - 1)
+              + output_padding[i] + 1 for i in range(nd)]
+    z = jnp.zeros((x.shape[0], w.shape[1] * groups, *out_sp), x.dtype)
+    _, vjp = jax.vjp(lambda z: lax_conv(z, w, stride, [(p, p) for p in padding], dilation, groups), z)
+    return vjp(x)[0]
+
+
+def check_grads(flux_fn, ref_fn, args, rng):
+    """Values and jax.grad of <fn(*args), g> in every argument, flux under jit."""
+    g = randn(rng, *ref_fn(*args).shape)
+    argnums = tuple(range(len(args)))
+    loss = lambda fn: (lambda *a: jnp.vdot(fn(*a), g))  # noqa: E731
+    close(jax.jit(flux_fn)(*args), ref_fn(*args), "value")
+    got = jax.jit(jax.grad(loss(flux_fn), argnums))(*args)
+    want = jax.grad(loss(ref_fn), argnums)(*args)
+    for i, (a, b) in enumerate(zip(got, want)):
+        close(a, b, f"grad of argument {i}")
+
+
+# (N, C, K, spatial, kernel, stride, padding pairs, dilation, groups)
+CONV_CASES = [
+    (2, 4, 6, (11,), (3,), (2,), [(1, 2)], (1,), 2),
+    (2, 3, 4, (9, 8), (3, 3), (1, 1), [(1, 1), (1, 1)], (1, 1), 1),
+    (2, 4, 6, (10, 9), (3, 2), (2, 1), [(1, 0), (0, 2)], (1, 2), 2),
+    (1, 4, 4, (7, 7), (3, 3), (1, 1), [(1, 1), (1, 1)], (1, 1), 4),
+    (1, 2, 4, (5, 6, 5), (3, 3, 2), (1, 2, 1), [(1, 1), (1, 1), (0, 1)], (1, 1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{len(c[3])}d-s{c[5]}-d{c[7]}-g{c[8]}")
+def test_conv_values_and_grads(case, rng):
+    N, C, K, sp, k, stride, padding, dilation, groups = case
+    x, w, b = randn(rng, N, C, *sp), randn(rng, K, C // groups, *k), randn(rng, K)
+    nd = len(sp)
+    flux = lambda x, w, b: fj.conv(x, w, b, stride, padding, dilation, groups)  # noqa: E731
+    ref = lambda x, w, b: (lax_conv(x, w, stride, padding, dilation, groups)  # noqa: E731
+                           + b.reshape((1, -1) + (1,) * nd))
+    check_grads(flux, ref, (x, w, b), rng)
+
+
+# (N, C_in, C_out, spatial, kernel, stride, padding, output_padding, dilation, groups)
+TRANSPOSE_CASES = [
+    (2, 4, 6, (7,), (3,), (2,), (1,), (1,), (1,), 2),
+    (2, 3, 4, (5, 6), (3, 3), (2, 2), (1, 1), (1, 0), (1, 1), 1),
+    (1, 2, 3, (3, 4, 3), (2, 3, 2), (2, 1, 2), (0, 1, 0), (0, 0, 0), (1, 1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=lambda c: f"{len(c[3])}d-s{c[5]}-op{c[7]}-g{c[9]}")
+def test_conv_transpose_values_and_grads(case, rng):
+    N, C_in, C_out, sp, k, stride, padding, out_pad, dilation, groups = case
+    x, w = randn(rng, N, C_in, *sp), randn(rng, C_in, C_out // groups, *k)
+    flux = lambda x, w: fj.conv_transpose(x, w, None, stride, padding, out_pad, groups, dilation)  # noqa: E731
+    ref = lambda x, w: lax_conv_transpose(x, w, stride, padding, out_pad, dilation, groups)  # noqa: E731
+    check_grads(flux, ref, (x, w), rng)
+
+
+def test_vmap_over_inputs_and_weights(rng):
+    """vmap over x alone (folded into the batch) and over x and w (folded into groups), and
+    per-example weight gradients (vmap of grad)."""
+    xs, w, ws = randn(rng, 3, 2, 4, 7, 6), randn(rng, 6, 2, 3, 3), randn(rng, 3, 6, 2, 3, 3)
+    flux = lambda x, w: fj.conv(x, w, None, 2, 1, 1, 2)  # noqa: E731
+    ref = lambda x, w: lax_conv(x, w, (2, 2), [(1, 1), (1, 1)], (1, 1), 2)  # noqa: E731
+    close(jax.jit(jax.vmap(flux, (0, None)))(xs, w), jax.vmap(ref, (0, None))(xs, w), "vmap x")
+    close(jax.vmap(flux)(xs, ws), jax.vmap(ref)(xs, ws), "vmap x and w")
+    close(jax.vmap(flux, (None, 0))(xs[0], ws), jax.vmap(ref, (None, 0))(xs[0], ws), "vmap w")
+    loss = lambda fn: (lambda x, w: jnp.sum(fn(x, w) ** 2))  # noqa: E731
+    per_example = jax.vmap(jax.grad(loss(flux), argnums=(0, 1)), (0, None))
+    for a, b in zip(per_example(xs, w), jax.vmap(jax.grad(loss(ref), argnums=(0, 1)), (0, None))(xs, w)):
+        close(a, b, "per-example grad")
+    xt, wt = randn(rng, 3, 2, 4, 5, 5), randn(rng, 3, 4, 3, 3, 3)
+    tflux = lambda x, w: fj.conv_transpose(x, w, None, 2, 1, 1)  # noqa: E731
+    tref = lambda x, w: lax_conv_transpose(x, w, (2, 2), (1, 1), (1, 1), (1, 1), 1)  # noqa: E731
+    close(jax.vmap(tflux)(xt, wt), jax.vmap(tref)(xt, wt), "vmap conv_transpose")
+
+
+@pytest.mark.parametrize("dn,padding", [(("NHWC", "HWIO", "NHWC"), "SAME"), (None, "VALID"),
+                                        (("NCHW", "OIHW", "NHWC"), [(2, 0), (1, 1)])])
+def test_conv_general_dilated_matches_lax(dn, padding, rng):
+    x = randn(rng, 2, 9, 8, 6) if dn and dn[0] == "NHWC" else randn(rng, 2, 6, 9, 8)
+    w = randn(rng, 3, 3, 3, 4) if dn and dn[1] == "HWIO" else randn(rng, 4, 3, 3, 3)
+    kw = dict(window_strides=(2, 1), padding=padding, rhs_dilation=(1, 2), dimension_numbers=dn,
+              feature_group_count=2)
+    flux = lambda x, w: fj.conv_general_dilated(x, w, **kw)  # noqa: E731
+    ref = lambda x, w: jax.lax.conv_general_dilated(x, w, precision=jax.lax.Precision.HIGHEST, **kw)  # noqa: E731
+    check_grads(flux, ref, (x, w), rng)
+
+
+def test_errors_are_python_exceptions_at_trace_time(rng):
+    x = randn(rng, 2, 3, 8, 8)
+    with pytest.raises(ValueError, match="groups"):
+        jax.jit(lambda x, w: fj.conv(x, w, groups=2))(x, randn(rng, 4, 2, 3, 3))
+    with pytest.raises(ValueError, match="stride"):
+        fj.conv(x, randn(rng, 4, 3, 3, 3), stride=0)
+    with pytest.raises(TypeError, match="int32"):
+        fj.conv(x.astype(jnp.int32), randn(rng, 4, 3, 3, 3).astype(jnp.int32))
+    with pytest.raises(ValueError, match="lhs_dilation"):
+        fj.conv_general_dilated(x, randn(rng, 4, 3, 3, 3), (1, 1), "SAME", lhs_dilation=(2, 2))
+    with pytest.raises(ValueError, match="x"):
+        fj.conv2d(randn(rng, 2, 3, 8), randn(rng, 4, 3, 3))
+
+
+def test_import_flux_dnn_does_not_import_jax():
+    code = "import sys, flux_dnn; assert 'jax' not in sys.modules and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bfloat16_through_ffi(backend, rng):
+    """bfloat16 arrays run on the FFI path (NumPy cannot carry them through pure_callback)."""
+    x, w = randn(rng, 2, 8, 8, 8), randn(rng, 8, 8, 3, 3)
+    if backend == "callback":
+        with pytest.raises(TypeError, match="bfloat16"):
+            fj.conv(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+        return
+    y = jax.jit(lambda x, w: fj.conv(x, w, padding=1))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    assert y.dtype == jnp.bfloat16
+    want = lax_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1)
+    err = float(jnp.abs(y.astype(jnp.float32) - want).max())
+    assert err <= 3e-2 * float(jnp.abs(want).max()), err
