@@ -1,0 +1,416 @@
+#!/usr/bin/env python
+"""flux_dnn vs PyTorch on the CPU: ResNet-50-like convolution layers, same process.
+
+Both libraries get the same torch tensors (flux_dnn takes them zero-copy through DLPack;
+``--numpy`` adds a column for flux_dnn on NumPy views of the same memory). Calls are
+interleaved (flux, torch, flux, torch, ...) so that the load of a shared machine hits both
+alike, and every number is a median over many calls. The ratio is torch_time / flux_time:
+above 1.0 means flux_dnn is faster.
+
+The peers:
+  forward          torch.nn.functional.conv2d
+  forward_plan     the same, with flux_dnn.conv_plan (weights packed once, no per-call checks)
+  backward_data    torch.ops.aten.convolution_backward, output_mask (True, False, False)
+  backward_weight  torch.ops.aten.convolution_backward, output_mask (False, True, False)
+                   (what autograd calls; torch.nn.grad.conv2d_* are thin wrappers over it)
+  transpose        torch.nn.functional.conv_transpose2d
+Ops that flux_dnn does not have yet are skipped with a note.
+
+This is a benchmark, not a test: it asserts nothing about time.
+
+    python benchmarks/bench_cpu.py                      # fp32 forward, N=1,16, NCHW+NHWC
+    python benchmarks/bench_cpu.py --quick --markdown
+    python benchmarks/bench_cpu.py --ops forward,backward_data,backward_weight,transpose \\
+        --dtypes float32,bfloat16 --batch 16 --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import flux_dnn
+
+
+class Layer(NamedTuple):
+    name: str
+    C: int
+    H: int
+    K: int
+    R: int
+    stride: int
+    pad: int
+    groups: int = 1
+
+
+LAYERS = [
+    Layer("stem 7x7/2 3->64 @224", 3, 224, 64, 7, 2, 3),
+    Layer("3x3 64 @56", 64, 56, 64, 3, 1, 1),
+    Layer("3x3 128 @28", 128, 28, 128, 3, 1, 1),
+    Layer("3x3 256 @14", 256, 14, 256, 3, 1, 1),
+    Layer("3x3 512 @7", 512, 7, 512, 3, 1, 1),
+    Layer("1x1 256->64 @56", 256, 56, 64, 1, 1, 0),
+    Layer("dw 3x3 256 @28 g256", 256, 28, 256, 3, 1, 1, 256),
+]
+
+OPS = ("forward", "forward_plan", "backward_data", "backward_weight", "transpose")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def out_size(h, r, s, p):
+    return (h + 2 * p - r) // s + 1
+
+
+# ------------------------------------------------------------------------------------------
+# Timing
+
+
+def _time_once(fn) -> float:
+    t0 = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - t0) * 1e-6  # ms
+
+
+def interleaved(fns: dict, budget_s: float, min_reps: int, max_reps: int, warmup: int = 3) -> dict:
+    """Median ms of each callable, timed A, B, A, B, ... (the order rotates every round)."""
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    probe = sum(_time_once(fns[n]) for n in names)  # ms for one round
+    reps = int(min(max_reps, max(min_reps, budget_s * 1e3 / max(probe, 1e-3))))
+    samples = {n: [] for n in names}
+    for i in range(reps):
+        order = names[i % len(names):] + names[:i % len(names)]
+        for n in order:
+            samples[n].append(_time_once(fns[n]))
+    return ({n: statistics.median(v) for n, v in samples.items()} | {f"_min {n}": min(v) for n, v in samples.items()}
+            | {"_reps": reps})
+
+
+# ------------------------------------------------------------------------------------------
+# Cases: what each library is asked to compute, on the same tensors
+
+
+def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last) if layout == "nhwc" else t.contiguous()
+
+
+def _np_view(t: torch.Tensor):
+    """A NumPy view of a float32 torch tensor's memory (strides kept); None for bf16."""
+    if t.dtype != torch.float32:
+        return None
+    return t.detach().numpy()
+
+
+def make_case(op: str, layer: Layer, n: int, dtype, layout: str, gen: torch.Generator, fkw: dict):
+    """(flux_fn, torch_fn, flux_numpy_fn or None, check_fn) for one configuration, or a str
+    saying why it is skipped."""
+    L = layer
+    Ho = out_size(L.H, L.R, L.stride, L.pad)
+    rnd = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    w = _layout(rnd(L.K, L.C // L.groups, L.R, L.R) * 0.1, layout)
+    s, p, g = L.stride, L.pad, L.groups
+
+    if op == "forward":
+        x = _layout(rnd(n, L.C, L.H, L.H), layout)
+        xn, wn = _np_view(x), _np_view(w)
+        return dict(
+            flux=lambda: flux_dnn.conv2d(x, w, None, s, p, 1, g, **fkw),
+            torch=lambda: F.conv2d(x, w, None, s, p, 1, g),
+            flux_numpy=(lambda: flux_dnn.conv2d(xn, wn, None, s, p, 1, g, **fkw)) if xn is not None else None,
+        )
+
+    if op == "forward_plan":
+        if not hasattr(flux_dnn, "conv_plan"):
+            return "flux_dnn.conv_plan does not exist yet"
+        x = _layout(rnd(n, L.C, L.H, L.H), layout)
+        plan = flux_dnn.conv_plan(x, w, None, s, p, 1, g, **fkw)
+        xn, wn = _np_view(x), _np_view(w)
+        plan_np = flux_dnn.conv_plan(xn, wn, None, s, p, 1, g, **fkw) if xn is not None else None
+        return dict(
+            flux=lambda: plan(x),
+            torch=lambda: F.conv2d(x, w, None, s, p, 1, g),
+            flux_numpy=(lambda: plan_np(xn)) if plan_np is not None else None,
+        )
+
+    if op in ("backward_data", "backward_weight"):
+        fname = "conv_backward_data" if op == "backward_data" else "conv_backward_weight"
+        if not hasattr(flux_dnn, fname):
+            return f"flux_dnn.{fname} does not exist yet"
+        x = _layout(rnd(n, L.C, L.H, L.H), layout)
+        dy = _layout(rnd(n, L.K, Ho, Ho), layout)
+        mask = [op == "backward_data", op == "backward_weight", False]
+        aten = torch.ops.aten.convolution_backward
+        tfn = lambda: aten(dy, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], g, mask)  # noqa: E731
+        if op == "backward_data":
+            f = flux_dnn.conv_backward_data
+            ffn = lambda: f(dy, w, tuple(x.shape), s, p, 1, g)  # noqa: E731
+            dyn, wn = _np_view(dy), _np_view(w)
+            fnp = (lambda: f(dyn, wn, tuple(x.shape), s, p, 1, g)) if dyn is not None else None
+        else:
+            f = flux_dnn.conv_backward_weight
+            ffn = lambda: f(x, dy, tuple(w.shape), s, p, 1, g)  # noqa: E731
+            xn, dyn = _np_view(x), _np_view(dy)
+            fnp = (lambda: f(xn, dyn, tuple(w.shape), s, p, 1, g)) if xn is not None else None
+        return dict(flux=ffn, torch=tfn, flux_numpy=fnp)
+
+    if op == "transpose":
+        if not hasattr(flux_dnn, "conv_transpose2d"):
+            return "flux_dnn.conv_transpose2d does not exist yet"
+        # The adjoint of the forward layer: (N, K, Ho, Ho) -> (N, C, H, H), weight (K, C/g, R, R).
+        xt = _layout(rnd(n, L.K, Ho, Ho), layout)
+        op_pad = L.H - ((Ho - 1) * s - 2 * p + (L.R - 1) + 1)
+        wt = _layout(rnd(L.K, L.C // g, L.R, L.R) * 0.1, layout)
+        f = flux_dnn.conv_transpose2d
+        xn, wn = _np_view(xt), _np_view(wt)
+        return dict(
+            flux=lambda: f(xt, wt, None, s, p, op_pad, g, 1),
+            torch=lambda: F.conv_transpose2d(xt, wt, None, s, p, op_pad, g, 1),
+            flux_numpy=(lambda: f(xn, wn, None, s, p, op_pad, g, 1)) if xn is not None else None,
+        )
+    raise ValueError(op)
+
+
+def check(fns: dict, dtype) -> float:
+    """Max relative difference between flux_dnn's and torch's results (sanity, not a test)."""
+    a, b = fns["flux"](), fns["torch"]()
+    if isinstance(b, tuple):
+        b = next(t for t in b if t is not None)
+    a = torch.as_tensor(a).float()
+    b = b.float()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+# ------------------------------------------------------------------------------------------
+# Tiny conv: per-call overhead
+
+
+def tiny(calls: int, blocks: int = 20) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 8, 8, generator=gen)
+    w = torch.randn(4, 4, 3, 3, generator=gen)
+    xn, wn = x.numpy(), w.numpy()
+    fns = {
+        "flux_numpy": lambda: flux_dnn.conv2d(xn, wn, padding=1),
+        "flux_torch": lambda: flux_dnn.conv2d(x, w, padding=1),
+        "torch": lambda: F.conv2d(x, w, None, 1, 1),
+    }
+    if hasattr(flux_dnn, "conv_plan"):
+        plan_np, plan_t = flux_dnn.conv_plan(xn, wn, padding=1), flux_dnn.conv_plan(x, w, padding=1)
+        fns["plan_numpy"] = lambda: plan_np(xn)
+        fns["plan_torch"] = lambda: plan_t(x)
+    per_block = max(1, calls // blocks)
+    for fn in fns.values():  # warm up: plans, memo, caches
+        for _ in range(200):
+            fn()
+    samples = {n: [] for n in fns}
+    names = list(fns)
+    for i in range(blocks):
+        order = names[i % len(names):] + names[:i % len(names)]
+        for n in order:
+            fn = fns[n]
+            t0 = time.perf_counter_ns()
+            for _ in range(per_block):
+                fn()
+            samples[n].append((time.perf_counter_ns() - t0) / per_block / 1e3)  # µs per call
+    return {n: statistics.median(v) for n, v in samples.items()} | {"calls": per_block * blocks}
+
+
+# ------------------------------------------------------------------------------------------
+# Reporting
+
+
+def geomean(values):
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def machine_text() -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    flags = " ".join(x for x in ("avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+                                     if x in have)
+                    break
+    except OSError:
+        pass
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    shim = next((s for s in flux_dnn.shims() if s.device_type == 1), None)
+    vendor = f"{shim.vendor} {shim.vendor_version_runtime}" if shim and shim.vendor else "?"
+    import re
+
+    found = re.search(r"MKL-DNN v([0-9.]+)", torch.__config__.show())
+    return (f"{model}, {os.cpu_count()} CPUs, flags: {flags or '?'}; torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads, its own oneDNN {found.group(1) if found else '?'}); "
+            f"flux_dnn {flux_dnn.__version__} on {vendor}; Python {platform.python_version()}; "
+            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+            f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}")
+
+
+def print_markdown(rows, tiny_result, with_numpy):
+    head = "| op | dtype | N | layout | layer | flux ms | torch ms | torch/flux | of minima |"
+    sep = "|---|---|---:|---|---|---:|---:|---:|---:|"
+    if with_numpy:
+        head += " flux(numpy) ms |"
+        sep += "---:|"
+    print(head)
+    print(sep)
+    for r in rows:
+        if "skip" in r:
+            continue
+        line = (f"| {r['op']} | {r['dtype']} | {r['N']} | {r['layout']} | {r['layer']} | "
+                f"{r['flux_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}{' **<0.9**' if r['ratio'] < 0.9 else ''} | "
+                + (f"{r['ratio_min']:.2f} |" if "ratio_min" in r else "- |"))
+        if with_numpy:
+            line += f" {r['flux_numpy_ms']:.3f} |" if r.get("flux_numpy_ms") else " - |"
+        print(line)
+    print()
+    print("Geometric mean of torch/flux:")
+    print()
+    print("| op | dtype | all | " + " | ".join(f"N={n} {l}" for n, l in _groups(rows)) + " |")
+    print("|---|---|---:|" + "---:|" * len(_groups(rows)))
+    for op, dt in dict.fromkeys((r["op"], r["dtype"]) for r in rows if "skip" not in r):
+        sel = [r for r in rows if "skip" not in r and r["op"] == op and r["dtype"] == dt]
+        cells = []
+        for n, l in _groups(rows):
+            sub = [r["ratio"] for r in sel if r["N"] == n and r["layout"] == l]
+            cells.append(f"{geomean(sub):.2f}" if sub else "-")
+        print(f"| {op} | {dt} | {geomean([r['ratio'] for r in sel]):.2f} | " + " | ".join(cells) + " |")
+    skipped = dict.fromkeys(r["skip"] for r in rows if "skip" in r)
+    for why in skipped:
+        print(f"\nSkipped: {why}")
+    if tiny_result:
+        t = tiny_result
+        print()
+        print(f"Tiny conv (x 1x4x8x8, w 4x4x3x3, pad 1), median µs per call over {t['calls']} calls each:")
+        print()
+        cols = [c for c in ("flux_numpy", "flux_torch", "plan_numpy", "plan_torch") if c in t]
+        names = {"flux_numpy": "conv2d on NumPy", "flux_torch": "conv2d on torch",
+                 "plan_numpy": "conv_plan on NumPy", "plan_torch": "conv_plan on torch"}
+        print("| torch F.conv2d | " + " | ".join(f"flux {names[c]}" for c in cols) + " |")
+        print("|---:|" + "---:|" * len(cols))
+        print(f"| {t['torch']:.2f} | " + " | ".join(f"{t[c]:.2f} ({t['torch'] / t[c]:.2f}x)" for c in cols) + " |")
+        print()
+        print("(µs per call; in parentheses torch / flux)")
+
+
+def _groups(rows):
+    return list(dict.fromkeys((r["N"], r["layout"]) for r in rows if "skip" not in r))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short run: fewer repetitions, 2000 tiny calls")
+    ap.add_argument("--ops", default="forward", help=f"comma list of {','.join(OPS)} (default forward)")
+    ap.add_argument("--dtypes", default="float32", help="comma list of float32,bfloat16,float16")
+    ap.add_argument("--batch", default="1,16", help="comma list of batch sizes")
+    ap.add_argument("--layouts", default="nchw,nhwc", help="comma list of nchw,nhwc (nhwc: x, w, dy channels-last)")
+    ap.add_argument("--layers", default="", help="substring filter on layer names (comma list)")
+    ap.add_argument("--numpy", action="store_true", help="also time flux_dnn on NumPy views (float32)")
+    ap.add_argument("--algorithm", default="heuristic", help="flux_dnn algorithm: heuristic, benchmark or 0/1/2 (forward only)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds of timing per layer (default 2, --quick 0.4)")
+    ap.add_argument("--tiny-calls", type=int, default=None, help="calls for the tiny conv (default 20000, --quick 2000; 0 skips)")
+    ap.add_argument("--no-tiny", action="store_true", help="skip the tiny conv")
+    ap.add_argument("--markdown", action="store_true", help="print markdown tables at the end")
+    ap.add_argument("--json", default=None, help="write raw results to this file")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (oneDNN in flux_dnn follows OMP_NUM_THREADS)")
+    args = ap.parse_args(argv)
+
+    ops = [o for o in args.ops.split(",") if o]
+    for o in ops:
+        if o not in OPS:
+            ap.error(f"--ops: unknown op {o!r}; known: {', '.join(OPS)}")
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    for d in dtypes:
+        if d not in DTYPES:
+            ap.error(f"--dtypes: unknown dtype {d!r}")
+    batches = [int(b) for b in args.batch.split(",") if b]
+    layouts = [l for l in args.layouts.split(",") if l]
+    layers = [L for L in LAYERS if not args.layers or any(f in L.name for f in args.layers.split(","))]
+    budget = args.budget if args.budget is not None else (0.4 if args.quick else 2.0)
+    min_reps, max_reps = (5, 50) if args.quick else (15, 400)
+    tiny_calls = 0 if args.no_tiny else (args.tiny_calls if args.tiny_calls is not None else (2000 if args.quick else 20000))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    algorithm = args.algorithm if args.algorithm in ("heuristic", "benchmark") else int(args.algorithm)
+    fkw = {} if algorithm == "heuristic" else {"algorithm": algorithm}
+
+    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}", flush=True)
+    print(f"# {machine_text()}", flush=True)
+    print(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}", flush=True)
+
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    with torch.no_grad():
+        for op in ops:
+            for dt in dtypes:
+                for n in batches:
+                    for layout in layouts:
+                        for L in layers:
+                            case = make_case(op, L, n, DTYPES[dt], layout, gen, fkw)
+                            base = dict(op=op, dtype=dt, N=n, layout=layout, layer=L.name)
+                            if isinstance(case, str):
+                                rows.append(base | {"skip": case})
+                                print(f"{op:16s} {dt:9s} N={n:<3d} {layout} {L.name:24s} skipped: {case}", flush=True)
+                                break
+                            fns = {"flux": case["flux"], "torch": case["torch"]}
+                            if args.numpy and case.get("flux_numpy"):
+                                fns["flux_numpy"] = case["flux_numpy"]
+                            try:
+                                err = check(fns, DTYPES[dt])
+                            except Exception as e:  # noqa: BLE001 -- report and go on
+                                rows.append(base | {"skip": f"{op} {dt} {layout}: {type(e).__name__}: {e}"})
+                                print(f"{op:16s} {dt:9s} N={n:<3d} {layout} {L.name:24s} error: {e}", flush=True)
+                                continue
+                            t = interleaved(fns, budget, min_reps, max_reps)
+                            r = base | dict(flux_ms=t["flux"], torch_ms=t["torch"], ratio=t["torch"] / t["flux"],
+                                            ratio_min=t["_min torch"] / t["_min flux"],
+                                            reps=t["_reps"], max_rel_diff=err)
+                            if "flux_numpy" in t:
+                                r["flux_numpy_ms"] = t["flux_numpy"]
+                            rows.append(r)
+                            print(f"{op:16s} {dt:9s} N={n:<3d} {layout} {L.name:24s} flux {t['flux']:9.3f} ms  "
+                                  f"torch {t['torch']:9.3f} ms  torch/flux {r['ratio']:5.2f} (of minima {r['ratio_min']:5.2f})  "
+                                  f"(reps {t['_reps']}, rel diff {err:.1e})"
+                                  + (f"  flux(numpy) {t['flux_numpy']:.3f} ms" if "flux_numpy" in t else ""),
+                                  flush=True)
+
+    tiny_result = None
+    if tiny_calls:
+        tiny_result = tiny(tiny_calls)
+        print("tiny conv µs/call: " + "  ".join(f"{k} {v:.2f}" for k, v in tiny_result.items() if k != "calls"),
+              flush=True)
+
+    print("\nplan cache:", flux_dnn.plan_cache_info())
+    if args.markdown:
+        print()
+        print_markdown(rows, tiny_result, args.numpy)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(machine=machine_text(), argv=sys.argv, rows=rows, tiny=tiny_result), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
