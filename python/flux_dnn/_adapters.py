@@ -130,7 +130,7 @@ class TorchAdapter(ArrayAPIAdapter):
     name = "torch"
 
     def key(self, a):
-        return (type(a), a.shape, a.dtype, a.stride(), a.device)
+        return (type(a), a.shape, a.dtype, a.stride(), a.get_device())  # an int: no torch.device built
 
     def export(self, a):
         # torch's own C exporter: Tensor.__dlpack__ is Python code that costs microseconds

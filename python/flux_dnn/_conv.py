@@ -203,6 +203,25 @@ def _shim_for(first: _Operand):
     return entry
 
 
+_outs_checked: set = set()
+
+
+def _check_out_once(call_key, out, name: str, shape: tuple, like_array, like_name: str) -> None:
+    """_check_out, skipped for an out array of a kind (adapter key) already checked for this
+    call pattern: repeated out= calls then cost a set lookup, not a validation."""
+    try:
+        seen = (call_key, _sig(out, name)[1])
+        if seen in _outs_checked:
+            return
+    except TypeError:
+        seen = None
+    _check_out(out, name, shape, _operand(like_array, like_name))
+    if seen is not None:
+        if len(_outs_checked) >= _MEMO_LIMIT:
+            _outs_checked.clear()
+        _outs_checked.add(seen)
+
+
 def _check_out(out, name: str, shape: tuple, like: _Operand) -> _Operand:
     op = _operand(out, name)
     if op.shape != shape:
@@ -297,7 +316,7 @@ def forward(nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     if out is None:
         out = ax.empty(x, prepared.out_shape, prepared.channels_last)
     else:
-        _check_out(out, "out", prepared.out_shape, _operand(x, "x"))
+        _check_out_once(key, out, "out", prepared.out_shape, x, "x")
     if prepared.out_shape[0] == 0:
         return out
     if prepared.gpu:
@@ -402,7 +421,7 @@ def backward_data(nd, dy, w, input_shape, stride=1, padding=0, dilation=1, group
     if out is None:
         out = ady.empty(dy, prepared.out_shape, prepared.channels_last)
     else:
-        _check_out(out, "out", prepared.out_shape, _operand(dy, "dy"))
+        _check_out_once(key, out, "out", prepared.out_shape, dy, "dy")
     if prepared.out_shape[0] == 0:
         return out
     _execute(prepared, _export(out, "out"), aw.export(w), ady.export(dy), None, ady, dy)
@@ -443,12 +462,12 @@ def backward_weight(nd, x, dy, weight_shape, stride=1, padding=0, dilation=1, gr
         dw = ax.empty(x, prepared.out_shape, False)
     else:
         dw = dw_out
-        _check_out(dw, "out", prepared.out_shape, _operand(x, "x"))
+        _check_out_once(key, dw, "out", prepared.out_shape, x, "x")
     db = None
     if bias_grad:
         db = ax.empty(x, prepared.bias_out_shape, False) if db_out is None else db_out
         if db_out is not None:
-            _check_out(db, "out[1]", prepared.bias_out_shape, _operand(x, "x"))
+            _check_out_once(key, db, "out[1]", prepared.bias_out_shape, x, "x")
     if x.shape[0] == 0:  # no samples: the gradient is zero (or out unchanged when accumulating)
         for a in (dw, db):
             if a is not None:
