@@ -262,6 +262,11 @@ def _make_spec(op, nd, stride, dilation, lo, hi, groups, alpha, beta, activation
                           None if workspace_limit is None else _int(workspace_limit, "workspace_limit"))
 
 
+def _check_beta(beta, out) -> None:
+    if beta != 0.0 and out is None:
+        raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
+
+
 def _sig(a, name: str) -> tuple:
     """(adapter, memo key) of an array argument; None gives (None, None)."""
     if a is None:
@@ -300,8 +305,7 @@ def _execute(prepared: _Prepared, x, w, y, bias, ad, like) -> None:
 def forward(nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None,
             out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
             algorithm="heuristic", workspace_limit=None):
-    if beta != 0.0 and out is None:
-        raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
+    _check_beta(beta, out)
     ax, kx = _sig(x, "x")
     aw, kw = _sig(w, "w")
     ab, kb = _sig(bias, "bias")
@@ -397,8 +401,7 @@ def _backward_spec(op, nd, geometry, alpha, beta, deterministic, allow_reduced_p
 def backward_data(nd, dy, w, input_shape, stride=1, padding=0, dilation=1, groups=1, *, out=None,
                   alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
                   algorithm="heuristic", workspace_limit=None):
-    if beta != 0.0 and out is None:
-        raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
+    _check_beta(beta, out)
     ady, kdy = _sig(dy, "dy")
     aw, kw = _sig(w, "w")
     key = (BACKWARD_DATA, nd, kdy, kw, tuple(input_shape) if isinstance(input_shape, list) else input_shape,
@@ -431,8 +434,7 @@ def backward_data(nd, dy, w, input_shape, stride=1, padding=0, dilation=1, group
 def backward_weight(nd, x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, bias_grad=False,
                     out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
                     algorithm="heuristic", workspace_limit=None):
-    if beta != 0.0 and out is None:
-        raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
+    _check_beta(beta, out)
     ax, kx = _sig(x, "x")
     ady, kdy = _sig(dy, "dy")
     key = (BACKWARD_WEIGHT, nd, kx, kdy, tuple(weight_shape) if isinstance(weight_shape, list) else weight_shape,
