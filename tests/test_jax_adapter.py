@@ -9,6 +9,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
+import flux_dnn  # noqa: E402
 import flux_dnn.jax as fj  # noqa: E402
 
 RTOL = 2e-4  # float32, relative to the largest magnitude of the reference
@@ -21,6 +22,14 @@ def backend(request, monkeypatch):
         pytest.skip(f"the XLA FFI handler is not installed (pip install ./packaging/flux-dnn-jax): {fj._ffi_state.get('reason')}")
     monkeypatch.setattr(fj, "_BACKEND", request.param)
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def on_cpu():
+    """CPU arrays unless a test asks for another device (on a GPU machine, jnp arrays would
+    default to the GPU, which the pure_callback path does not serve)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
 
 
 def close(got, want, what=""):
@@ -162,3 +171,39 @@ def test_bfloat16_through_ffi(backend, rng):
     want = lax_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1)
     err = float(jnp.abs(y.astype(jnp.float32) - want).max())
     assert err <= 3e-2 * float(jnp.abs(want).max()), err
+
+
+def test_cuda_arrays_values_and_grads(backend, rng):
+    """CUDA arrays through the CUDA FFI handler (cuDNN shim, JAX's stream, XLA's scratch
+    workspace): values and grads under jit, eagerly and under vmap, results left on the GPU.
+    The pure_callback path refuses them."""
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError as exc:
+        pytest.skip(f"no JAX GPU device: {exc}")
+    flux = lambda x, w, b: fj.conv(x, w, b, (2, 1), [(1, 0), (0, 2)], (1, 2), 2)  # noqa: E731
+    ref = lambda x, w, b: lax_conv(x, w, (2, 1), [(1, 0), (0, 2)], (1, 2), 2) + b.reshape(1, -1, 1, 1)  # noqa: E731
+    with jax.default_device(gpu):
+        x, w, b = randn(rng, 2, 4, 10, 9), randn(rng, 6, 2, 3, 2), randn(rng, 6)
+        if backend == "callback":
+            with pytest.raises(flux_dnn.DeviceUnavailableError, match="FFI handler"):
+                jax.jit(flux)(x, w, b)
+            return
+        y = flux(x, w, b)
+        assert y.devices() == {gpu}
+        close(y, ref(x, w, b), "eager value")
+        check_grads(flux, ref, (x, w, b), rng)
+        xs = randn(rng, 3, 2, 4, 10, 9)
+        close(jax.jit(jax.vmap(flux, (0, None, None)))(xs, w, b), jax.vmap(ref, (0, None, None))(xs, w, b), "vmap")
+        xt, wt = randn(rng, 2, 4, 5, 6), randn(rng, 4, 3, 3, 3)
+        close(jax.jit(lambda x, w: fj.conv_transpose(x, w, None, 2, 1, 1))(xt, wt),
+              lax_conv_transpose(xt, wt, (2, 2), (1, 1), (1, 1), (1, 1), 1), "conv_transpose")
+
+
+def test_empty_operands_give_zeros(rng):
+    """An empty batch computes nothing, and its weight gradient is zero (flux_dnn.jax returns
+    zeros itself: the CUDA handler cannot clear device memory)."""
+    x, w = randn(rng, 0, 2, 6, 6), randn(rng, 3, 2, 3, 3)
+    y, grads = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(fj.conv(x, w, padding=1)), (0, 1)))(x, w)
+    assert float(y) == 0.0
+    assert grads[0].shape == x.shape and grads[1].shape == w.shape and not jnp.any(grads[1])

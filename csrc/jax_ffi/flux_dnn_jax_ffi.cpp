@@ -1,8 +1,11 @@
 // XLA FFI handler: flux_dnn convolutions inside JAX programs, on XLA's own buffers.
 //
-// One handler, FluxDnnConv, runs forward, backward-data or backward-weight through a shim's
-// ABI table (flux_dnn.h), so it works for any shim; JAX registers it per platform. It is a
-// plain shared library with no Python in it, loaded by flux_dnn.jax through ctypes.
+// Two handlers, FluxDnnConv (host buffers) and FluxDnnConvCuda (device buffers, XLA's CUDA
+// stream and scratch memory), run forward, backward-data or backward-weight through a shim's
+// ABI table (flux_dnn.h); they differ only in where the buffers, stream and workspace come
+// from. JAX registers them under one target name, per platform. A plain shared library with
+// no Python and no CUDA headers in it (the stream is an opaque pointer), loaded by
+// flux_dnn.jax through ctypes.
 //
 // Operands (all dense row-major, as XLA hands them to a custom call):
 //   forward          a = x (N, C, *sp),  b = w (K, C/g, *k),  out = y (N, K, *out)
@@ -17,9 +20,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,17 +108,18 @@ struct Plan {
   }
 };
 
-// A 4-D problem (one conv) with compact strides.
+// One problem's tensor (no vmapped dims) with compact strides, on `device`.
 struct Tensor {
   std::vector<int64_t> shape, strides;
   FDNN_DLTensor desc{};
-  Tensor(std::vector<int64_t> s, FDNN_DLDataType dt) : shape(std::move(s)), strides(shape.size()) {
+  Tensor(std::vector<int64_t> s, FDNN_DLDataType dt, FDNN_DLDevice device)
+      : shape(std::move(s)), strides(shape.size()) {
     int64_t step = 1;
     for (size_t i = shape.size(); i-- > 0;) {
       strides[i] = step;
       step *= shape[i];
     }
-    desc.device = {FDNN_DEVICE_CPU, 0};
+    desc.device = device;
     desc.ndim = static_cast<int32_t>(shape.size());
     desc.dtype = dt;
     desc.shape = shape.data();
@@ -136,13 +142,14 @@ std::string plan_key(const FDNN_Api* api, const Params& p, const Tensor& x, cons
   std::string k(reinterpret_cast<const char*>(&api), sizeof(api));
   k.append(reinterpret_cast<const char*>(&p), sizeof(p));
   k.append(reinterpret_cast<const char*>(&x.desc.dtype), sizeof(x.desc.dtype));
+  k.append(reinterpret_cast<const char*>(&x.desc.device), sizeof(x.desc.device));  // a GPU plan is per device
   for (const Tensor* t : {&x, &w, &y})
     k.append(reinterpret_cast<const char*>(t->shape.data()), t->shape.size() * sizeof(int64_t));
   return k;
 }
 
 ffi::Error get_plan(const FDNN_Api* api, const Params& p, const Tensor& x, const Tensor& w,
-                    const Tensor& y, std::shared_ptr<Plan>* out) {
+                    const Tensor& y, void* stream, std::shared_ptr<Plan>* out) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<Plan>> cache;
   constexpr size_t kCapacity = 512;
@@ -177,6 +184,7 @@ ffi::Error get_plan(const FDNN_Api* api, const Params& p, const Tensor& x, const
   a.flags = static_cast<uint32_t>(p.flags);
   a.algo_policy = FDNN_ALGO_HEURISTIC;
   a.workspace_limit = SIZE_MAX;
+  a.stream = stream;  // only a benchmarking GPU shim uses it; the heuristic plan does not
   if (FDNN_Error* err = api->Conv_Plan_Create(&a)) return to_ffi_error(api, err, "plan");
   auto plan = std::make_shared<Plan>();
   plan->api = api;
@@ -190,7 +198,7 @@ ffi::Error get_plan(const FDNN_Api* api, const Params& p, const Tensor& x, const
 }
 
 // ---------------------------------------------------------------------------------------
-// The handler
+// The handlers
 
 struct Operand {
   char* data;
@@ -228,10 +236,20 @@ int64_t offset_of(const Operand& o, const std::vector<int64_t>& lead, int64_t fl
   return offset * o.item_bytes;
 }
 
-ffi::Error FluxDnnConvImpl(ffi::AnyBuffer a_buf, ffi::AnyBuffer b_buf, ffi::Result<ffi::AnyBuffer> out_buf,
-                           std::string_view shim_path, int64_t op, ffi::Span<const int64_t> stride,
-                           ffi::Span<const int64_t> padding_lo, ffi::Span<const int64_t> padding_hi,
-                           ffi::Span<const int64_t> dilation, int64_t groups, int64_t flags) {
+// Where a call runs: the buffers' device, the stream to enqueue on (NULL on CPU) and how to
+// get `bytes` of workspace on that device (NULL: allocation failed; valid until the handler
+// returns).
+struct Target {
+  FDNN_DLDevice device;
+  void* stream;
+  std::function<void*(size_t bytes)> workspace;
+};
+
+ffi::Error run_conv(const Target& target, ffi::AnyBuffer a_buf, ffi::AnyBuffer b_buf,
+                    ffi::Result<ffi::AnyBuffer> out_buf, std::string_view shim_path, int64_t op,
+                    ffi::Span<const int64_t> stride, ffi::Span<const int64_t> padding_lo,
+                    ffi::Span<const int64_t> padding_hi, ffi::Span<const int64_t> dilation,
+                    int64_t groups, int64_t flags) {
   const int64_t nd = static_cast<int64_t>(stride.size());
   if (nd < 1 || nd > 3 || padding_lo.size() != stride.size() || padding_hi.size() != stride.size() ||
       dilation.size() != stride.size() || op < 0 || op > 2)
@@ -274,20 +292,23 @@ ffi::Error FluxDnnConvImpl(ffi::AnyBuffer a_buf, ffi::AnyBuffer b_buf, ffi::Resu
   const std::vector<int64_t>* x_shape = op == FDNN_CONV_BACKWARD_DATA ? &o_item : &a_item;
   const std::vector<int64_t>* w_shape = op == FDNN_CONV_BACKWARD_WEIGHT ? &o_item : &b.item;
   const std::vector<int64_t>* y_shape = op == FDNN_CONV_FORWARD ? &o_item : op == FDNN_CONV_BACKWARD_DATA ? &a_item : &b.item;
-  Tensor x(*x_shape, dt), w(*w_shape, dt), y(*y_shape, dt);
+  Tensor x(*x_shape, dt, target.device), w(*w_shape, dt, target.device), y(*y_shape, dt, target.device);
   if (x.size() == 0 || y.size() == 0) {  // nothing to compute; a weight gradient is zero
+    // Device memory cannot be cleared from here without CUDA; flux_dnn.jax never sends an
+    // empty problem (it returns zeros itself), so only a direct caller can get this error.
+    if (target.device.device_type != FDNN_DEVICE_CPU)
+      return ffi::Error(ffi::ErrorCode::kUnimplemented, "flux_dnn: empty operands on a GPU");
     std::memset(o.data, 0, size_t(o.item_bytes) * size_t(batch));
     return ffi::Error::Success();
   }
   std::shared_ptr<Plan> plan;
-  if (ffi::Error e = get_plan(api, p, x, w, y, &plan); e.failure()) return e;
+  if (ffi::Error e = get_plan(api, p, x, w, y, target.stream, &plan); e.failure()) return e;
 
-  void* workspace = nullptr;
-  if (plan->workspace_size) {
-    workspace = std::aligned_alloc(64, (plan->workspace_size + 63) / 64 * 64);
-    if (!workspace) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "flux_dnn: no memory for the workspace");
-  }
-  std::unique_ptr<void, decltype(&std::free)> ws_guard(workspace, &std::free);
+  void* workspace = plan->workspace_size ? target.workspace(plan->workspace_size) : nullptr;
+  if (plan->workspace_size && !workspace)
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "flux_dnn: cannot allocate the " + std::to_string(plan->workspace_size) +
+                          "-byte convolution workspace");
   for (int64_t i = 0; i < calls; ++i) {
     char* ap = a.data + (calls > 1 ? offset_of(a, o.lead, i) : 0);
     char* bp = b.data + (calls > 1 ? offset_of(b, o.lead, i) : 0);
@@ -300,26 +321,70 @@ ffi::Error FluxDnnConvImpl(ffi::AnyBuffer a_buf, ffi::AnyBuffer b_buf, ffi::Resu
     e.y = op == FDNN_CONV_FORWARD ? op_ : op == FDNN_CONV_BACKWARD_DATA ? ap : bp;
     e.workspace = workspace;
     e.workspace_size = plan->workspace_size;
+    e.stream = target.stream;
     if (FDNN_Error* err = api->Conv_Plan_Execute(&e)) return to_ffi_error(api, err, "execute");
   }
   return ffi::Error::Success();
 }
 
+// Host buffers; the workspace is host memory owned by this call.
+ffi::Error FluxDnnConvImpl(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out,
+                           std::string_view shim, int64_t op, ffi::Span<const int64_t> stride,
+                           ffi::Span<const int64_t> lo, ffi::Span<const int64_t> hi,
+                           ffi::Span<const int64_t> dilation, int64_t groups, int64_t flags) {
+  std::unique_ptr<void, decltype(&std::free)> ws(nullptr, &std::free);
+  auto host_workspace = [&ws](size_t bytes) {
+    ws.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));  // size: a multiple of the alignment
+    return ws.get();
+  };
+  Target target{{FDNN_DEVICE_CPU, 0}, nullptr, host_workspace};
+  return run_conv(target, a, b, out, shim, op, stride, lo, hi, dilation, groups, flags);
+}
+
+// CUDA buffers on XLA's device `ordinal`; the work is enqueued on XLA's stream, so it is
+// ordered with the rest of the program without a sync. The workspace comes from XLA's scratch
+// allocator: device memory freed when the handler returns, which is safe because XLA's device
+// allocator orders reuse on that same stream (jaxlib's own GPU kernels rely on this too).
+ffi::Error FluxDnnConvCudaImpl(void* stream, ffi::ScratchAllocator scratch, int32_t ordinal,
+                               ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out,
+                               std::string_view shim, int64_t op, ffi::Span<const int64_t> stride,
+                               ffi::Span<const int64_t> lo, ffi::Span<const int64_t> hi,
+                               ffi::Span<const int64_t> dilation, int64_t groups, int64_t flags) {
+  auto device_workspace = [&scratch](size_t bytes) -> void* {
+    std::optional<void*> p = scratch.Allocate(bytes, 256);  // 256: what cudaMalloc guarantees
+    return p ? *p : nullptr;
+  };
+  Target target{{FDNN_DEVICE_CUDA, ordinal}, stream, device_workspace};
+  return run_conv(target, a, b, out, shim, op, stride, lo, hi, dilation, groups, flags);
+}
+
+// The operands and attributes both handlers take, after their context.
+template <typename Binding>  // `.template`: Binding's type grows with each call
+auto bind_conv(Binding b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<std::string_view>("shim")
+      .template Attr<int64_t>("op")
+      .template Attr<ffi::Span<const int64_t>>("stride")
+      .template Attr<ffi::Span<const int64_t>>("padding_lo")
+      .template Attr<ffi::Span<const int64_t>>("padding_hi")
+      .template Attr<ffi::Span<const int64_t>>("dilation")
+      .template Attr<int64_t>("groups")
+      .template Attr<int64_t>("flags");
+}
+
 }  // namespace
 
-// The one exported symbol (the build hides everything else).
+// The exported symbols (the build hides everything else).
 extern "C" FDNN_EXPORT XLA_FFI_Error* FluxDnnConv(XLA_FFI_CallFrame* call_frame);
+extern "C" FDNN_EXPORT XLA_FFI_Error* FluxDnnConvCuda(XLA_FFI_CallFrame* call_frame);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FluxDnnConv, FluxDnnConvImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<std::string_view>("shim")
-                                  .Attr<int64_t>("op")
-                                  .Attr<ffi::Span<const int64_t>>("stride")
-                                  .Attr<ffi::Span<const int64_t>>("padding_lo")
-                                  .Attr<ffi::Span<const int64_t>>("padding_hi")
-                                  .Attr<ffi::Span<const int64_t>>("dilation")
-                                  .Attr<int64_t>("groups")
-                                  .Attr<int64_t>("flags"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FluxDnnConv, FluxDnnConvImpl, bind_conv(ffi::Ffi::Bind()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FluxDnnConvCuda, FluxDnnConvCudaImpl,
+                              bind_conv(ffi::Ffi::Bind()
+                                            .Ctx<ffi::PlatformStream<void*>>()
+                                            .Ctx<ffi::ScratchAllocator>()
+                                            .Ctx<ffi::DeviceOrdinal>()));

@@ -11,10 +11,11 @@ folded into the batch when the weights are shared).
 Two ways into flux_dnn, same semantics:
 - the XLA FFI handler ``libflux_dnn_jax_ffi.so`` (built with flux_dnn when jaxlib's FFI headers
   are found at build time): XLA passes its own buffers, no copies, and the handler calls the
-  shim through the ABI. Registered for CPU (the oneDNN shim); float32, float16, bfloat16.
-- otherwise ``jax.pure_callback`` on host (NumPy) views of the arrays; float32 and float16.
-GPU arrays are not served yet: the handler needs its CUDA registration (platform "CUDA",
-JAX's stream) and a GPU to test it on.
+  shim through the ABI. Registered for CPU (the oneDNN shim) and, when JAX has a CUDA
+  backend, for CUDA (the cuDNN shim, on JAX's stream with XLA's scratch memory as workspace);
+  float32, float16, bfloat16.
+- otherwise ``jax.pure_callback`` on host (NumPy) views of the arrays; float32 and float16;
+  CPU arrays only (CUDA arrays raise DeviceUnavailableError rather than silently copying).
 
 Argument errors are raised when the function is traced, as ValueError/TypeError from
 flux_dnn's own checks; an error inside the vendor call at run time reaches the caller as
@@ -40,7 +41,7 @@ from flux_dnn._discovery import REGISTRY
 __all__ = ["conv", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_general_dilated"]
 
 _DTYPES = ("float32", "float16")
-_CPU = 1
+_SHIM_DEVICE = {"cpu": 1, "cuda": 2}  # JAX platform -> DLPack device type of its shim
 
 
 class _Geometry(NamedTuple):
@@ -155,16 +156,32 @@ _FFI_LIBRARY = _ffi_library()
 _ffi_state: dict = {}
 
 
+def _cuda_devices():
+    try:
+        return jax.devices("cuda")
+    except RuntimeError:  # no CUDA backend in this JAX
+        return []
+
+
 def ffi_available() -> bool:
     """Whether the XLA FFI handler is built and registered (else calls go through
-    jax.pure_callback)."""
+    jax.pure_callback). Registers the CPU handler, and the CUDA one when JAX has a CUDA
+    backend, under one target name: XLA picks the registration of the platform it lowers for."""
     if "ok" not in _ffi_state:
         try:
             lib = ctypes.CDLL(_FFI_LIBRARY)
             jax.ffi.register_ffi_target(_FFI_TARGET, jax.ffi.pycapsule(lib.FluxDnnConv), platform="cpu")
-            _ffi_state.update(ok=True, lib=lib)
+            _ffi_state.update(ok=True, lib=lib, platforms=["cpu"])
         except (OSError, AttributeError) as exc:
             _ffi_state.update(ok=False, reason=f"{_FFI_LIBRARY}: {exc}")
+            return False
+        if _cuda_devices():
+            try:  # an older handler library has no CUDA symbol: CPU still works
+                capsule = jax.ffi.pycapsule(lib.FluxDnnConvCuda)
+                jax.ffi.register_ffi_target(_FFI_TARGET, capsule, platform="CUDA")
+                _ffi_state["platforms"].append("cuda")
+            except AttributeError as exc:
+                _ffi_state["cuda_reason"] = f"{_FFI_LIBRARY} has no CUDA handler: {exc}"
     return _ffi_state["ok"]
 
 
@@ -176,22 +193,82 @@ def _use_ffi() -> bool:
     return _BACKEND == "ffi" or (_BACKEND is None and ffi_available())
 
 
-def _cpu_shim_path() -> str:
-    return REGISTRY.shim_for(_CPU).shim.path  # loads the shim (and checks its ABI) if needed
+def _shim_path(platform) -> str:
+    """The shim serving `platform`'s arrays; loads it (and checks its ABI) if needed, raises
+    DeviceUnavailableError with the reason when it cannot work here."""
+    return REGISTRY.shim_for(_SHIM_DEVICE[platform]).shim.path
+
+
+def _platform(*arrays):
+    """"cpu" or "cuda" for arrays placed on devices; None for tracers, whose platform is known
+    only when XLA lowers the program."""
+    if any(isinstance(a, jax.core.Tracer) for a in arrays):
+        return None
+    devices = set().union(*(a.devices() for a in arrays))
+    if all(d.platform == "cpu" for d in devices):
+        return "cpu"
+    if devices <= set(_cuda_devices()):
+        return "cuda"
+    raise flux_dnn.DeviceUnavailableError(f"flux_dnn.jax serves CPU and CUDA arrays, not arrays on {devices}")
+
+
+def _default_platform():
+    """The platform jit runs uncommitted arrays on: jax.default_device's, else the default
+    backend's."""
+    device = jax.config.jax_default_device
+    platform = getattr(device, "platform", device) or jax.default_backend()
+    return "cuda" if platform == "gpu" else platform
+
+
+def _ffi_run(out, a, b, attrs):
+    """The FFI call, with the shim path of the platform it runs on (an attribute, so fixed
+    when traced). Under jit the arrays are tracers: with handlers for several platforms, a
+    jax.lax.platform_dependent branch per platform lets the lowering pick the right shim
+    (jax.default_backend() would be wrong for arrays committed to another platform's
+    device). A branch whose shim cannot work here is left out unless it is the default
+    platform's, whose error (the reason the shim is missing) is the one a user must see."""
+    if not ffi_available():
+        raise flux_dnn.DeviceUnavailableError(f"the flux_dnn XLA FFI handler is not available: {_ffi_state['reason']}")
+    call = jax.ffi.ffi_call(_FFI_TARGET, out, vmap_method="expand_dims")
+
+    def on(platform):
+        shim = _shim_path(platform)
+        return lambda a, b: call(a, b, shim=shim, **attrs)
+
+    platform, default = _platform(a, b), _default_platform()
+    if (platform or default) not in _ffi_state["platforms"]:
+        raise flux_dnn.DeviceUnavailableError(
+            f"flux_dnn.jax has no {platform or default} FFI handler: {_ffi_state.get('cuda_reason', 'not built for it')}")
+    if platform is not None or len(_ffi_state["platforms"]) == 1:
+        return on(platform or "cpu")(a, b)
+    branches = {}
+    for p in _ffi_state["platforms"]:
+        try:
+            branches[p] = on(p)
+        except flux_dnn.DeviceUnavailableError:
+            if p == default:
+                raise
+    return jax.lax.platform_dependent(a, b, **branches)
 
 
 def _run(op, geo, out_shape, dtype, a, b):
     """One flux_dnn convolution op on JAX arrays: forward (x, w), backward-data (dy, w) or
     backward-weight (x, dy), with the result's (unbatched) shape known."""
     out = jax.ShapeDtypeStruct(tuple(out_shape), dtype)
+    if 0 in (*a.shape, *b.shape, *out_shape):
+        # Nothing to compute, and every output element sums over nothing: zeros (the CUDA
+        # handler cannot clear device memory itself).
+        return jnp.zeros(out.shape, dtype)
     if _use_ffi():
-        if not ffi_available():
-            raise flux_dnn.DeviceUnavailableError(f"the flux_dnn XLA FFI handler is not available: {_ffi_state['reason']}")
         i64 = functools.partial(np.asarray, dtype=np.int64)
-        call = jax.ffi.ffi_call(_FFI_TARGET, out, vmap_method="expand_dims")
-        return call(a, b, shim=_cpu_shim_path(), op=np.int64(op), stride=i64(geo.stride), padding_lo=i64(geo.lo),
-                    padding_hi=i64(geo.hi), dilation=i64(geo.dilation), groups=np.int64(geo.groups),
-                    flags=np.int64(0))
+        attrs = dict(op=np.int64(op), stride=i64(geo.stride), padding_lo=i64(geo.lo), padding_hi=i64(geo.hi),
+                     dilation=i64(geo.dilation), groups=np.int64(geo.groups), flags=np.int64(0))
+        return _ffi_run(out, a, b, attrs)
+    # Traced arrays: judged by the default platform (jit's choice for uncommitted arrays).
+    if (_platform(a, b) or _default_platform()) != "cpu":
+        raise flux_dnn.DeviceUnavailableError(
+            "flux_dnn.jax runs GPU arrays through its XLA FFI handler only (the pure_callback fallback "
+            f"is CPU-only), and it is not available: {_ffi_state.get('reason', 'flux_dnn.jax._BACKEND is callback')}")
     nd = len(geo.stride)
     host = _HOST[op]
     fn = functools.partial(host, nd, geo) if op == FORWARD else functools.partial(host, nd, geo, tuple(out_shape))
