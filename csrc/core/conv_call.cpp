@@ -138,11 +138,13 @@ void check_memory(const BorrowedTensor* all[4], const char* const names[4], cons
   }
 }
 
-std::string plan_key(const ShimLibrary& shim, const ConvSpec& spec, const BorrowedTensor& x,
-                     const BorrowedTensor& w, const BorrowedTensor& y,
-                     const BorrowedTensor& bias) {
-  std::string key;
-  key.reserve(spec.key.size() + 256);
+// The plan key, written into this thread's buffer: the per-call path allocates nothing for
+// it once the buffer has grown (the cache copies a key only when it inserts a plan).
+const std::string& plan_key(const ShimLibrary& shim, const ConvSpec& spec,
+                            const BorrowedTensor& x, const BorrowedTensor& w,
+                            const BorrowedTensor& y, const BorrowedTensor& bias) {
+  thread_local std::string key;
+  key.clear();
   append(key, &shim);
   append(key, x.desc().device.device_id);
   key += spec.key;
@@ -315,7 +317,7 @@ ConvResult run_conv(const ShimLibrary& shim, const ConvSpec& spec, py::handle x_
   check_operands(shim, spec, r, x, w, y, bias);
 
   auto planned = [&](const ConvSpec& s) {
-    std::string key = plan_key(shim, s, x, w, y, bias);
+    const std::string& key = plan_key(shim, s, x, w, y, bias);
     std::shared_ptr<Plan> plan = plan_cache().find(key);
     return plan ? plan : plan_cache().insert(key, create_plan(shim, s, x, w, y, bias, key, stream));
   };
@@ -349,13 +351,26 @@ ConvResult run_conv(const ShimLibrary& shim, const ConvSpec& spec, py::handle x_
 
 namespace {
 
-std::string signature(const BorrowedTensor& t) {
-  std::string key;
+// What of an array a PackedConv holds it to: shape, strides, dtype, alignment, device.
+void write_signature(std::string& key, const BorrowedTensor& t) {
+  key.clear();
   if (t.present()) {
     append_tensor(key, t.desc());
     append(key, t.desc().device);
   }
+}
+
+std::string signature(const BorrowedTensor& t) {
+  std::string key;
+  write_signature(key, t);
   return key;
+}
+
+// Whether t fits a planned signature, built in this thread's buffer: a call allocates nothing.
+bool fits(const BorrowedTensor& t, const std::string& planned) {
+  thread_local std::string key;
+  write_signature(key, t);
+  return key == planned;
 }
 
 std::string dims_text(const int64_t* v, int n) {
@@ -403,7 +418,7 @@ PackedConv::PackedConv(const ShimLibrary& shim, const ConvSpec& spec, py::handle
   BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
   BorrowedTensor bias(bias_array, r.bias, stream);
   check_operands(shim, spec, r, x, w, y, bias);
-  std::string key = plan_key(shim, spec, x, w, y, bias);
+  const std::string& key = plan_key(shim, spec, x, w, y, bias);
   std::shared_ptr<Plan> plan = plan_cache().find(key);
   if (!plan) plan = plan_cache().insert(key, create_plan(shim, spec, x, w, y, bias, key, stream));
   x_signature_ = signature(x);
@@ -439,9 +454,9 @@ PackedConv::PackedConv(const ShimLibrary& shim, const ConvSpec& spec, py::handle
 ConvResult PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_array,
                            py::handle stream, py::handle workspace_alloc) const {
   BorrowedTensor x(x_array, "x", stream), y(y_array, "out", stream), bias(bias_array, "bias", stream);
-  if (signature(x) != x_signature_) mismatch("x", x, x_signature_);
-  if (signature(y) != y_signature_) mismatch("out", y, y_signature_);
-  if (signature(bias) != bias_signature_) mismatch("bias", bias, bias_signature_);
+  if (!fits(x, x_signature_)) mismatch("x", x, x_signature_);
+  if (!fits(y, y_signature_)) mismatch("out", y, y_signature_);
+  if (!fits(bias, bias_signature_)) mismatch("bias", bias, bias_signature_);
   if (y.read_only()) throw py::value_error("out: the array is read-only");
   BorrowedTensor no_w(py::none(), "w", stream);
   const BorrowedTensor* all[4] = {&x, &no_w, &y, &bias};

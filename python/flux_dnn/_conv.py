@@ -39,7 +39,6 @@ _DETERMINISTIC, _REDUCED_PRECISION = 1, 2
 _REDUCED_PRECISION_DEFAULT = {2: True}
 
 _MEMO_LIMIT = 4096
-_run_conv = _core.run_conv
 _memo: dict = {}
 
 
@@ -267,18 +266,22 @@ def _check_beta(beta, out) -> None:
         raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
 
 
+def _adapter(a, name: str):
+    return _BY_TYPE.get(type(a)) or adapter_for(a, name)
+
+
 def _sig(a, name: str) -> tuple:
     """(adapter, memo key) of an array argument; None gives (None, None)."""
     if a is None:
         return None, None
-    ad = _BY_TYPE.get(type(a)) or adapter_for(a, name)
+    ad = _adapter(a, name)
     return ad, ad.key(a)
 
 
 def _export(a, name: str):
     """What the core receives for an array: the array itself, or a DLPack capsule made by its
     library's fast exporter (torch)."""
-    return (_BY_TYPE.get(type(a)) or adapter_for(a, name)).export(a)
+    return _adapter(a, name).export(a)
 
 
 def _lookup(key):
@@ -323,12 +326,8 @@ def forward(nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
         _check_out_once(key, out, "out", prepared.out_shape, x, "x")
     if prepared.out_shape[0] == 0:
         return out
-    if prepared.gpu:
-        _execute(prepared, ax.export(x), aw.export(w), _export(out, "out"), None if bias is None else ab.export(bias),
-                 ax, x)
-    else:  # the common CPU case, inlined: this is the per-call path
-        _run_conv(prepared.shim, prepared.spec, ax.export(x), aw.export(w), _export(out, "out"),
-                  None if bias is None else ab.export(bias), None, None)
+    _execute(prepared, ax.export(x), aw.export(w), _export(out, "out"), None if bias is None else ab.export(bias),
+             ax, x)
     return out
 
 
