@@ -37,6 +37,9 @@
  *       alpha/beta, a fused bias and activation epilogue, algorithm policy and workspace.
  *  1.1  Conv_Plan_Pack_Weights: a forward plan that owns its weights in the vendor's layout,
  *       so repeated inference skips the weight reorder.
+ *  1.2  Conv_Dtype_Support: a shim says, per device and dtype, whether it computes that dtype
+ *       natively, by converting inside the plan, or not at all, so callers dispatch on what
+ *       the shim finds on this machine rather than on a table of their own.
  */
 #ifndef FLUX_DNN_FLUX_DNN_H_
 #define FLUX_DNN_FLUX_DNN_H_
@@ -49,7 +52,7 @@ extern "C" {
 #endif
 
 #define FDNN_ABI_MAJOR 1
-#define FDNN_ABI_MINOR 1
+#define FDNN_ABI_MINOR 2
 
 /* Size of a struct up to and including `last_field`: what a caller writes to struct_size. */
 #define FDNN_STRUCT_SIZE(type, last_field) \
@@ -314,6 +317,34 @@ typedef struct {
   FDNN_STRUCT_SIZE(FDNN_Conv_Plan_Pack_Weights_Args, workspace_size)
 typedef FDNN_Error* FDNN_Conv_Plan_Pack_Weights(FDNN_Conv_Plan_Pack_Weights_Args* args);
 
+/* Since ABI 1.2. Whether and how a shim computes convolutions of one dtype on one device, as
+ * it finds this machine (its instruction set, its vendor library, its GPU). A caller with
+ * several shims for a device type sends each problem to the first shim that supports its
+ * dtype. Everything reported here as supported is served by Conv_Plan_Create for every op,
+ * rank, layout and epilogue of this header that the shim otherwise supports; a dtype
+ * reported as FDNN_DTYPE_SUPPORT_NONE fails there with FDNN_ERROR_UNSUPPORTED. */
+enum {
+  FDNN_DTYPE_SUPPORT_NONE = 0,      /* not computed */
+  FDNN_DTYPE_SUPPORT_NATIVE = 1,    /* computed by the vendor's kernels of that dtype */
+  FDNN_DTYPE_SUPPORT_CONVERTED = 2, /* converted inside the plan to a wider dtype (float32),
+                                       computed there, rounded once into the output */
+};
+
+typedef struct {
+  size_t struct_size;
+  int32_t device_id;     /* 0 .. num_devices-1 */
+  FDNN_DLDataType dtype; /* the dtype of x, w, y and bias */
+  int32_t support;       /* out: FDNN_DTYPE_SUPPORT_* */
+  /* out: how, or why not, in words for a user ("float32 kernels with one rounding: this CPU
+   * has no avx512_core_fp16"); "" when there is nothing to add. Static storage, lives as
+   * long as the loaded shim. */
+  const char* detail;
+} FDNN_Conv_Dtype_Support_Args;
+#define FDNN_Conv_Dtype_Support_Args_STRUCT_SIZE \
+  FDNN_STRUCT_SIZE(FDNN_Conv_Dtype_Support_Args, detail)
+/* Safe from any thread; may load the vendor library (as Shim_Info does). */
+typedef FDNN_Error* FDNN_Conv_Dtype_Support(FDNN_Conv_Dtype_Support_Args* args);
+
 /* ---------------------------------------------------------------------------------------- */
 /* The table                                                                                */
 /* ---------------------------------------------------------------------------------------- */
@@ -331,9 +362,11 @@ typedef struct {
   FDNN_Plan_Destroy* Plan_Destroy;
   /* 1.1 */
   FDNN_Conv_Plan_Pack_Weights* Conv_Plan_Pack_Weights; /* may be NULL: the shim cannot pack */
+  /* 1.2 */
+  FDNN_Conv_Dtype_Support* Conv_Dtype_Support; /* not NULL in a 1.2 table */
   /* Append new functions here; never reorder. */
 } FDNN_Api;
-#define FDNN_Api_STRUCT_SIZE FDNN_STRUCT_SIZE(FDNN_Api, Conv_Plan_Pack_Weights)
+#define FDNN_Api_STRUCT_SIZE FDNN_STRUCT_SIZE(FDNN_Api, Conv_Dtype_Support)
 /* The size of a 1.0 table, which callers accept: it lacks the 1.1 functions. */
 #define FDNN_Api_STRUCT_SIZE_1_0 FDNN_STRUCT_SIZE(FDNN_Api, Plan_Destroy)
 

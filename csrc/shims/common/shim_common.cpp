@@ -1,8 +1,30 @@
 #include "shim_common.hpp"
 
+#if !defined(_WIN32)
+#include <pthread.h>
+#endif
+
+#include <atomic>
 #include <sstream>
 
 namespace fdnn_shim {
+
+namespace {
+std::atomic<bool> forked_child{false};
+[[maybe_unused]] void mark_forked_child() { forked_child.store(true, std::memory_order_relaxed); }
+// Registered when the shim is loaded (a static initialiser of this translation unit, which
+// every shim links through in_forked_child).
+#if defined(_WIN32)
+const int fork_handler_registered = 0;  // no fork() on Windows
+#else
+const int fork_handler_registered = pthread_atfork(nullptr, nullptr, mark_forked_child);
+#endif
+}  // namespace
+
+bool in_forked_child() {
+  (void)fork_handler_registered;
+  return forked_child.load(std::memory_order_relaxed);
+}
 
 const char* op_name(FDNN_ConvOp op) {
   switch (op) {

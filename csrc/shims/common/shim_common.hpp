@@ -93,6 +93,12 @@ inline bool has_tensor(const FDNN_DLTensor* t) { return t != nullptr && t->ndim 
 std::string describe_problem(const FDNN_Conv_Plan_Create_Args& a);
 
 const char* op_name(FDNN_ConvOp op);
+
+// Whether this process is a child made by fork() after the shim was loaded. GNU libgomp's
+// thread team does not survive a fork: a child that enters a parallel region of more than one
+// thread waits forever for threads that exist only in the parent. CPU shims run on the
+// calling thread alone there.
+bool in_forked_child();
 const char* dtype_name(FDNN_DLDataType t);
 
 }  // namespace fdnn_shim
