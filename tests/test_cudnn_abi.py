@@ -21,6 +21,15 @@ from fdnn_ctypes import (FUNCTIONS, Api, DeviceDescribeArgs, PlanDestroyArgs, Sh
                          conv_args, tensor)
 
 
+HEADER = os.path.join(os.path.dirname(__file__), "..", "csrc", "include", "flux_dnn", "flux_dnn.h")
+
+
+def header_abi_version() -> tuple:
+    """(major, minor) as the ABI header writes them: the one place they are written."""
+    text = open(HEADER).read()
+    return tuple(int(re.search(rf"#define FDNN_ABI_{part} (\d+)", text).group(1)) for part in ("MAJOR", "MINOR"))
+
+
 def _shim_library() -> str | None:
     path = os.environ.get("FLUX_DNN_CUDNN_SHIM")
     if path:
@@ -66,13 +75,14 @@ def has_device(info) -> bool:
     return info.unavailable_reason is None and info.num_devices > 0
 
 
-def test_table_is_abi_1_1(shim):
+def test_table_is_the_headers_abi(shim):
     api = shim.api
     assert api.struct_size == ctypes.sizeof(Api)
-    assert (api.abi_major, api.abi_minor) == (1, 1)
+    assert (api.abi_major, api.abi_minor) == header_abi_version()
     for name in FUNCTIONS:
         assert getattr(api, name), f"{name} is NULL"
     assert not api.Conv_Plan_Pack_Weights  # cuDNN reads w as it is: nothing to pack
+    assert api.Conv_Dtype_Support  # 1.2
 
 
 def test_only_the_entry_point_is_exported(shim):

@@ -194,8 +194,8 @@ def test_benchmark_algorithm_and_given_id(rng, tmp_path):
         np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-4 * np.abs(expected).max())
     lines = (tmp_path / "cache" / "autotune.txt").read_text().splitlines()
     assert lines[0] == "flux_dnn autotune v1" and len(lines) == 2
-    with pytest.raises(ValueError, match=r"algo_id 7 is not a oneDNN shim algorithm"):
-        flux_dnn.conv2d(x, w, padding=1, algorithm=7)
+    with pytest.raises(ValueError, match=r"algo_id 8 is not a oneDNN shim algorithm"):
+        flux_dnn.conv2d(x, w, padding=1, algorithm=8)
     _core.set_autotune_path(saved)
 
 
@@ -235,17 +235,42 @@ def test_autotune_store_replays_choice_and_ignores_corrupt_files(rng, tmp_path):
     assert "ignoring autotune file" in third.stderr
 
 
-def test_missing_instruction_set_is_named():
-    """float16 on a CPU without AVX512-FP16 (simulated by capping oneDNN's ISA): a clear
-    UnsupportedError that names the instruction set, not a crash or a slow fallback."""
+def test_16bit_without_the_instruction_set_is_computed_in_float32():
+    """float16 and bfloat16 on a CPU without AVX512-FP16 / AVX-512 (simulated by capping
+    oneDNN's ISA at AVX2, so this runs the same on every x86-64 CPU): every op is computed in
+    float32 inside the plan and rounded once, and the shim says so."""
     import subprocess
     import sys
 
-    code = ("import numpy as np, flux_dnn\n"
-            "x = np.ones((1, 2, 5, 5), np.float16); w = np.ones((2, 2, 3, 3), np.float16)\n"
-            "try:\n    flux_dnn.conv2d(x, w)\nexcept flux_dnn.UnsupportedError as e:\n    print(e)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**__import__("os").environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
-    assert result.returncode == 0, result.stderr
-    assert "float16 on this CPU, whose instruction set is avx2; float16 needs avx512_core_fp16" in result.stdout
-    assert "x=[1,2,5,5]" in result.stdout  # the convolution's parameters come with it
+    code = """if True:
+        import numpy as np, torch, flux_dnn
+        import reference as ref
+        support = {s.name: s.dtype_support for s in flux_dnn.shims()}["onednn"]
+        for name in ("float16", "bfloat16"):
+            how, detail = support[name]
+            assert how == "converted" and "instruction set avx2" in detail, (name, how, detail)
+        rng = np.random.default_rng()
+        x = rng.integers(-4, 5, (2, 8, 9, 7)) / 4
+        w = rng.integers(-4, 5, (16, 4, 3, 3)) / 4
+        b = rng.integers(-4, 5, (16,)) / 4
+        geo = dict(stride=(2, 1), padding=((1, 0), (2, 1)), groups=2)
+        rgeo = ((2, 1), (1, 2), (0, 1), (1, 1), 2)
+        y = ref.conv_forward(x, w, b, *rgeo[:3], rgeo[3], rgeo[4])
+        dy = rng.integers(-4, 5, y.shape) / 4
+        for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 1e-2)):
+            t = lambda a: torch.from_numpy(a).to(dtype)
+            out = flux_dnn.conv2d(t(x), t(w), t(b), activation="relu", **geo)
+            np.testing.assert_allclose(out.double().numpy(), np.maximum(y, 0), rtol=tol, atol=tol * 8)
+            dx = flux_dnn.conv_backward_data(t(dy), t(w), x.shape, **geo)
+            np.testing.assert_allclose(dx.double().numpy(), ref.conv_backward_data(dy, w, x.shape, *rgeo),
+                                       rtol=tol, atol=tol * 8)
+            dw, db = flux_dnn.conv_backward_weight(t(x), t(dy), w.shape, bias_grad=True, **geo)
+            np.testing.assert_allclose(dw.double().numpy(), ref.conv_backward_weight(x, dy, w.shape, *rgeo),
+                                       rtol=tol, atol=tol * 16)
+            np.testing.assert_allclose(db.double().numpy(), dy.sum(axis=(0, 2, 3)), rtol=tol, atol=tol * 16)
+        print("ok")
+    """
+    env = {**__import__("os").environ, "ONEDNN_MAX_CPU_ISA": "AVX2",
+           "PYTHONPATH": __import__("os").path.dirname(__file__)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

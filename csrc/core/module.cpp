@@ -106,6 +106,20 @@ ConvSpec make_spec(int op, int spatial_rank, const std::vector<int64_t>& stride,
   return s;
 }
 
+// The floating dtypes of the ABI by their array-library names.
+FDNN_DLDataType dtype_of_name(const std::string& name) {
+  if (name == "float64") return {FDNN_DTYPE_FLOAT, 64, 1};
+  if (name == "float32") return {FDNN_DTYPE_FLOAT, 32, 1};
+  if (name == "float16") return {FDNN_DTYPE_FLOAT, 16, 1};
+  if (name == "bfloat16") return {FDNN_DTYPE_BFLOAT, 16, 1};
+  throw py::value_error("dtype: expected float64, float32, float16 or bfloat16, got " + name);
+}
+
+py::tuple dtype_support(const ShimLibrary& shim, const std::string& dtype, int32_t device_id) {
+  auto [support, detail] = shim.dtype_support(device_id, dtype_of_name(dtype));
+  return py::make_tuple(support, detail);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -118,7 +132,13 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("path", &ShimLibrary::path)
       .def_property_readonly("device_type", &ShimLibrary::device_type)
       .def("info", &shim_info)
-      .def("device_name", &ShimLibrary::device_name, py::arg("device_id") = 0);
+      .def("device_name", &ShimLibrary::device_name, py::arg("device_id") = 0)
+      .def("dtype_support", &dtype_support, py::arg("dtype"), py::arg("device_id") = 0,
+           "(support, detail): support is DTYPE_SUPPORT_NONE, _NATIVE or _CONVERTED, or -1 "
+           "when the shim predates ABI 1.2 and does not say");
+  m.attr("DTYPE_SUPPORT_NONE") = static_cast<int>(FDNN_DTYPE_SUPPORT_NONE);
+  m.attr("DTYPE_SUPPORT_NATIVE") = static_cast<int>(FDNN_DTYPE_SUPPORT_NATIVE);
+  m.attr("DTYPE_SUPPORT_CONVERTED") = static_cast<int>(FDNN_DTYPE_SUPPORT_CONVERTED);
   m.def("load_shim", &ShimLibrary::load, py::return_value_policy::reference, py::arg("path"),
         "Load (once) and check the shim library at path; raises ShimLoadError.");
 

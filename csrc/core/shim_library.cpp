@@ -95,6 +95,18 @@ std::string ShimLibrary::device_name(int32_t device_id) const {
   return args.name ? args.name : "";
 }
 
+std::pair<int, std::string> ShimLibrary::dtype_support(int32_t device_id,
+                                                        FDNN_DLDataType dtype) const {
+  FDNN_Conv_Dtype_Support* fn = dtype_support_fn();
+  if (fn == nullptr) return {-1, ""};
+  FDNN_Conv_Dtype_Support_Args args{};
+  args.struct_size = FDNN_Conv_Dtype_Support_Args_STRUCT_SIZE;
+  args.device_id = device_id;
+  args.dtype = dtype;
+  check(fn(&args), "Conv_Dtype_Support");
+  return {args.support, args.detail ? args.detail : ""};
+}
+
 void ShimLibrary::raise_error(FDNN_Error* error, const std::string& context) const {
   FDNN_Error_Describe_Args d{};
   d.struct_size = FDNN_Error_Describe_Args_STRUCT_SIZE;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "flux_dnn/flux_dnn.h"
 
@@ -20,6 +21,15 @@ class ShimLibrary {
                    api_->struct_size >= FDNN_STRUCT_SIZE(FDNN_Api, Conv_Plan_Pack_Weights);
     return present ? api_->Conv_Plan_Pack_Weights : nullptr;
   }
+  // Conv_Dtype_Support when the shim has it (ABI >= 1.2), else NULL.
+  FDNN_Conv_Dtype_Support* dtype_support_fn() const {
+    bool present = api_->abi_minor >= 2 &&
+                   api_->struct_size >= FDNN_STRUCT_SIZE(FDNN_Api, Conv_Dtype_Support);
+    return present ? api_->Conv_Dtype_Support : nullptr;
+  }
+  // How the shim computes `dtype` on device_id: (FDNN_DTYPE_SUPPORT_*, detail). A shim older
+  // than ABI 1.2 does not say: (-1, "").
+  std::pair<int, std::string> dtype_support(int32_t device_id, FDNN_DLDataType dtype) const;
   const std::string& path() const { return path_; }
   const std::string& name() const { return name_; }
   int32_t device_type() const { return device_type_; }

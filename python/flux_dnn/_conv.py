@@ -193,13 +193,9 @@ def _spatial_out(nd: int, in_sp: tuple, kernel: tuple, stride, dilation, lo, hi,
 
 
 def _shim_for(first: _Operand):
-    entry = REGISTRY.shim_for(first.device[0])
-    if first.dtype not in entry.spec.dtypes:
-        extra = (" (float64 has no oneDNN convolution: use float32 here, or float64 arrays on an NVIDIA GPU, "
-                 "where the cudnn shim computes it)" if first.dtype == "float64" and entry.name == "onednn" else "")
-        raise TypeError(f"{first.name}: dtype {first.dtype} is not supported by the {entry.name!r} shim on "
-                        f"{device_name(first.device[0])}; it supports {', '.join(entry.spec.dtypes)}{extra}")
-    return entry
+    """The first shim of the arrays' device that computes their dtype here, as the shims
+    report it; TypeError naming the dtype and what each shim computes otherwise."""
+    return REGISTRY.shim_for(first.device[0], first.dtype, first.device[1], first.name)
 
 
 _outs_checked: set = set()

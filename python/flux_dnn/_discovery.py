@@ -6,7 +6,13 @@ callable returning a :class:`ShimSpec`. Nothing is dlopened at ``import flux_dnn
 points are read on first need, and a shim is loaded on the first call for its device. A shim
 that fails to load is recorded with its reason, which is raised (with what to install) only
 when its device is asked for. ``FLUX_DNN_SHIMS=name[,name...]`` (or paths to shim libraries)
-selects shims explicitly; then a shim that fails to load fails loudly, at first use.
+selects shims explicitly, in that order; then a shim that fails to load fails loudly, at
+first use.
+
+Several shims may serve one device type (on the CPU: oneDNN, and the BLAS shim). A problem
+goes to the first of them, by priority (or by the order in FLUX_DNN_SHIMS), that computes its
+dtype on this machine, as the shim itself reports (ABI 1.2 Conv_Dtype_Support): what a
+vendor can do is never written down in Python.
 """
 
 from __future__ import annotations
@@ -43,12 +49,17 @@ class ShimSpec:
     name: str  #: short name, e.g. "onednn"
     device_type: int  #: the DLPack device type it serves (CPU 1, CUDA 2, Metal 8, ROCm 10)
     library: str  #: absolute path of the shim's shared library
-    #: dtypes it computes in, as names ("float32", "bfloat16", "float16", "float64")
-    dtypes: tuple = ("float32",)
     #: loads the vendor libraries the shim links (e.g. by path from a vendor wheel); raises
     #: with a readable reason when they are missing
     preload: Optional[Callable[[], None]] = None
     install_hint: str = ""  #: what to install when this shim cannot load
+    #: among shims of one device type, the higher is asked first (oneDNN 100, BLAS 10)
+    priority: int = 0
+
+
+#: The dtypes of the ABI, by the names array libraries give them.
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+NATIVE, CONVERTED = _core.DTYPE_SUPPORT_NATIVE, _core.DTYPE_SUPPORT_CONVERTED
 
 
 @dataclasses.dataclass
@@ -64,7 +75,10 @@ class ShimStatus:
     vendor_version_runtime: str = ""
     num_devices: int = 0
     path: str = ""
+    #: the dtypes it computes on this machine, as the shim reports them (loaded shims only)
     dtypes: tuple = ()
+    #: dtype -> (how: "native", "converted" or "no", the shim's words)
+    dtype_support: dict = dataclasses.field(default_factory=dict)
     reason: Optional[str] = None  #: why it cannot be used here; None when usable
     install_hint: str = ""
 
@@ -87,6 +101,18 @@ class _Entry:
         self.shim = None  # _core.Shim once loaded
         self.info: Optional[dict] = None
         self.attempted = False
+        self._support: dict = {}  # (dtype, device_id) -> (support, detail), asked once
+
+    def support(self, dtype: str, device_id: int = 0) -> tuple:
+        """(support, detail) as the loaded shim reports it; support -1: a shim older than
+        ABI 1.2, which does not say (its plan creation decides)."""
+        key = (dtype, device_id)
+        if key not in self._support:
+            self._support[key] = tuple(self.shim.dtype_support(dtype, device_id))
+        return self._support[key]
+
+    def computes(self, dtype: str, device_id: int = 0) -> bool:
+        return dtype in DTYPES and self.support(dtype, device_id)[0] != _core.DTYPE_SUPPORT_NONE
 
 
 class Registry:
@@ -104,6 +130,8 @@ class Registry:
                 entries = self._from_entry_points()
                 if wanted:
                     entries = self._select(entries, [w.strip() for w in wanted.split(",") if w.strip()])
+                else:  # stable: equal priorities keep the entry points' order
+                    entries.sort(key=lambda e: -(e.spec.priority if e.spec is not None else 0))
                 self._entries = entries
                 if self._explicit:  # named shims load now, and a failure is loud
                     for entry in entries:
@@ -162,10 +190,11 @@ class Registry:
             entry.shim = None
             entry.reason = f"{type(exc).__name__}: {exc}"
 
-    def shim_for(self, device_type: int) -> _Entry:
-        """The loaded, usable shim for a device type; raises DeviceUnavailableError."""
+    def usable_for(self, device_type: int) -> tuple:
+        """(loaded usable shims for a device type, in the order they are asked; the entries
+        that failed, maybe for this device)."""
         with self._lock:
-            failures = []
+            usable, failures = [], []
             for entry in self._discover():
                 if entry.spec is None and entry.reason is None:
                     self._load(entry)  # a bare library path: loading tells its device
@@ -176,9 +205,39 @@ class Registry:
                     continue
                 self._load(entry)
                 if entry.shim is not None and entry.info["unavailable_reason"] is None:
-                    return entry
-                failures.append(entry)
+                    usable.append(entry)
+                else:
+                    failures.append(entry)
+            return usable, failures
+
+    def shim_for(self, device_type: int, dtype: Optional[str] = None, device_id: int = 0,
+                 argument: str = "x") -> _Entry:
+        """The first loaded, usable shim for a device type that computes `dtype` (any dtype
+        when None). Raises DeviceUnavailableError when no shim for the device works here,
+        TypeError when none of those computes the dtype."""
+        usable, failures = self.usable_for(device_type)
+        if not usable:
             raise _core.DeviceUnavailableError(self._unavailable_message(device_type, failures))
+        if dtype is None:
+            return usable[0]
+        for entry in usable:
+            if entry.computes(dtype, device_id):
+                return entry
+        raise TypeError(self._dtype_message(device_type, dtype, device_id, argument, usable, failures))
+
+    @staticmethod
+    def _dtype_message(device_type, dtype, device_id, argument, usable, failures) -> str:
+        device = device_name(device_type)
+        lines = [f"{argument}: dtype {dtype} is not supported by any shim for {device} arrays here:"]
+        for e in usable:
+            takes = [d for d in DTYPES if e.computes(d, device_id)]
+            why = e.support(dtype, device_id)[1] if dtype in DTYPES else ""
+            lines.append(f"  shim {e.name!r} computes {', '.join(takes) or 'nothing'}" + (f" ({why})" if why else ""))
+        for e in failures:
+            why = e.reason or (e.info or {}).get("unavailable_reason") or "unknown"
+            lines.append(f"  shim {e.name!r} is not usable: {why}")
+        lines.append(f"  accepted dtypes: {', '.join(DTYPES)}")
+        return "\n".join(lines)
 
     @staticmethod
     def _unavailable_message(device_type: int, failures: list) -> str:
@@ -205,6 +264,13 @@ class Registry:
                         pass  # recorded in e.reason; listing must show every shim
                 spec, info = e.spec, e.info or {}
                 reason = e.reason or info.get("unavailable_reason")
+                support = {}
+                if e.shim is not None and reason is None:
+                    words = {_core.DTYPE_SUPPORT_NATIVE: "native", _core.DTYPE_SUPPORT_CONVERTED: "converted",
+                             _core.DTYPE_SUPPORT_NONE: "no"}
+                    for d in DTYPES:
+                        how, detail = e.support(d)
+                        support[d] = (words.get(how, "unknown (the shim predates ABI 1.2)"), detail)
                 result.append(ShimStatus(
                     name=e.name, device_type=spec.device_type if spec else info.get("device_type", 0),
                     found=spec is not None or e.shim is not None, loaded=e.shim is not None,
@@ -212,7 +278,8 @@ class Registry:
                     vendor_version_built=info.get("vendor_version_built", ""),
                     vendor_version_runtime=info.get("vendor_version_runtime", ""),
                     num_devices=info.get("num_devices", 0), path=info.get("path", spec.library if spec else ""),
-                    dtypes=tuple(spec.dtypes) if spec else (), reason=reason,
+                    dtypes=tuple(d for d, (how, _) in support.items() if how != "no"),
+                    dtype_support=support, reason=reason,
                     install_hint=spec.install_hint if spec else ""))
             return result
 

@@ -36,7 +36,7 @@ def shim_spec() -> ShimSpec:
         name="onednn",
         device_type=1,
         library=str(pathlib.Path(__file__).with_name("libflux_dnn_onednn.so")),
-        dtypes=("float32", "bfloat16", "float16"),
+        priority=100,  # the CPU's first choice for every dtype it computes (all but float64)
         preload=_preload_onednn,
         install_hint="pip install --force-reinstall onednn-cpu-gomp==2023.2.0",
     )

@@ -358,6 +358,25 @@ FDNN_Error* Device_Describe(FDNN_Device_Describe_Args* args) {
   });
 }
 
+// cuDNN's graph API has convolution kernels of every floating dtype of the ABI (bfloat16
+// engines exist from compute capability 8.0; on older GPUs plan creation reports
+// that no engine supports the graph).
+FDNN_Error* Conv_Dtype_Support(FDNN_Conv_Dtype_Support_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Dtype_Support_Args_STRUCT_SIZE,
+                                 "Conv_Dtype_Support");
+    require_device(args->device_id);
+    const FDNN_DLDataType t = args->dtype;
+    const bool is_float = t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT &&
+                          (t.bits == 16 || t.bits == 32 || t.bits == 64);
+    const bool is_bf16 = t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16;
+    args->support = is_float || is_bf16 ? FDNN_DTYPE_SUPPORT_NATIVE : FDNN_DTYPE_SUPPORT_NONE;
+    args->detail = is_bf16    ? "cuDNN kernels (bfloat16 needs compute capability 8.0 or newer)"
+                   : is_float ? "cuDNN kernels"
+                              : "cuDNN convolutions take float16, bfloat16, float32 and float64";
+  });
+}
+
 FDNN_Error* Conv_Plan_Create(FDNN_Conv_Plan_Create_Args* args) {
   return fdnn_shim::guarded([&] { create_plan(args); });
 }
@@ -388,6 +407,8 @@ const FDNN_Api kApi = {
     // 1.1: cuDNN reads w as it is (a copy in x's memory order only when it differs), so
     // there is nothing to pack once; the core then executes plans as they are.
     nullptr,
+    // 1.2
+    Conv_Dtype_Support,
 };
 
 }  // namespace

@@ -163,8 +163,8 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
   }
   if (a.activation != FDNN_ACTIVATION_NONE && a.op != FDNN_CONV_FORWARD)
     fail(FDNN_ERROR_INVALID_ARGUMENT, "an activation is fused into forward only");
-  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 3))
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "algo_id %lld is not a oneDNN shim algorithm (0 to 3)",
+  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 7))
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "algo_id %lld is not a oneDNN shim algorithm (0 to 7)",
          static_cast<long long>(a.algo_id));
 }
 
@@ -197,6 +197,12 @@ enum Layouts : int64_t {
   kVendorLayouts = 2,  // all in oneDNN's preferred (blocked) layouts, reorders around
   kBlocked16 = 3,      // activations in oneDNN's nC[d]hw16c blocked layout, reorders around
 };
+// An algorithm id is a layout policy, plus kConverted when a 16-bit problem is computed in
+// float32: its operands are converted by the reorders that stage them in the workspace, and
+// the result is rounded once, by the reorder that writes it (after alpha, bias, the
+// activation and beta, which the float32 primitive and that reorder apply).
+constexpr int64_t kConverted = 4;
+
 const char* layouts_name(int64_t l) {
   return l == kUserLayouts     ? "user layouts"
          : l == kVendorWeights ? "vendor weights"
@@ -239,22 +245,33 @@ struct Plan {
   std::string name;
 };
 
-// The problem in oneDNN's terms, shared by every layout policy.
+// The problem in oneDNN's terms, shared by every layout policy. `dt` is the dtype the
+// primitive computes in: the caller's, or float32 for a converted 16-bit problem, whose
+// operands are then staged (converted) through the workspace by the operands' reorders.
 struct Problem {
   const FDNN_Conv_Plan_Create_Args* args;
   memory::data_type dt;
-  memory::desc x, w, y, bias;
+  memory::desc x, w, y, bias;                      // the caller's layouts, in dt
+  memory::desc x_user, w_user, y_user, bias_user;  // the caller's layouts and dtype
   memory::dims strides, dilates, pad_lo, pad_hi;
 };
 
-Problem describe(const FDNN_Conv_Plan_Create_Args& a) {
+Problem describe(const FDNN_Conv_Plan_Create_Args& a, bool convert) {
   Problem p;
   p.args = &a;
-  p.dt = to_dnnl(a.x->dtype);
-  p.x = memory::desc(dims_of(a.x), p.dt, strides_of(a.x));
+  const memory::data_type user_dt = to_dnnl(a.x->dtype);
+  p.dt = convert ? memory::data_type::f32 : user_dt;
+  const bool bias = fdnn_shim::has_tensor(a.bias);
+  for (const auto& [md, dt] : {std::pair{&p.x, p.dt}, std::pair{&p.x_user, user_dt}})
+    *md = memory::desc(dims_of(a.x), dt, strides_of(a.x));
+  for (const auto& [md, dt] : {std::pair{&p.y, p.dt}, std::pair{&p.y_user, user_dt}})
+    *md = memory::desc(dims_of(a.y), dt, strides_of(a.y));
   p.w = weights_md(a.w, a.groups, p.dt);
-  p.y = memory::desc(dims_of(a.y), p.dt, strides_of(a.y));
-  if (fdnn_shim::has_tensor(a.bias)) p.bias = memory::desc(dims_of(a.bias), p.dt, strides_of(a.bias));
+  p.w_user = weights_md(a.w, a.groups, user_dt);
+  if (bias) {
+    p.bias = memory::desc(dims_of(a.bias), p.dt, strides_of(a.bias));
+    p.bias_user = memory::desc(dims_of(a.bias), user_dt, strides_of(a.bias));
+  }
   for (int i = 0; i < a.spatial_rank; ++i) {
     p.strides.push_back(a.stride[i]);
     p.dilates.push_back(a.dilation[i] - 1);  // oneDNN counts the gaps
@@ -351,10 +368,10 @@ void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan
     plan.conv = dnnl::convolution_forward(pd);
     plan.scratchpad_size = pd.scratchpad_desc().get_size();
     plan.name = pd.impl_info_str();
-    add(DNNL_ARG_SRC, 0, false, p.x, pd.src_desc());
-    add(DNNL_ARG_WEIGHTS, 1, false, p.w, pd.weights_desc());
-    add(DNNL_ARG_DST, 2, true, p.y, pd.dst_desc());
-    if (!p.bias.is_zero()) add(DNNL_ARG_BIAS, 3, false, p.bias, p.bias);
+    add(DNNL_ARG_SRC, 0, false, p.x_user, pd.src_desc());
+    add(DNNL_ARG_WEIGHTS, 1, false, p.w_user, pd.weights_desc());
+    add(DNNL_ARG_DST, 2, true, p.y_user, pd.dst_desc());
+    if (!p.bias.is_zero()) add(DNNL_ARG_BIAS, 3, false, p.bias_user, p.bias);
   } else if (a.op == FDNN_CONV_BACKWARD_DATA) {
     auto hint = forward_pd(p, x, w, y, base_attr(a), dnnl::prop_kind::forward_training);
     auto pd = dnnl::convolution_backward_data::primitive_desc(
@@ -363,9 +380,9 @@ void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan
     plan.conv = dnnl::convolution_backward_data(pd);
     plan.scratchpad_size = pd.scratchpad_desc().get_size();
     plan.name = pd.impl_info_str();
-    add(DNNL_ARG_DIFF_DST, 2, false, p.y, pd.diff_dst_desc());
-    add(DNNL_ARG_WEIGHTS, 1, false, p.w, pd.weights_desc());
-    add(DNNL_ARG_DIFF_SRC, 0, true, p.x, pd.diff_src_desc());
+    add(DNNL_ARG_DIFF_DST, 2, false, p.y_user, pd.diff_dst_desc());
+    add(DNNL_ARG_WEIGHTS, 1, false, p.w_user, pd.weights_desc());
+    add(DNNL_ARG_DIFF_SRC, 0, true, p.x_user, pd.diff_src_desc());
   } else {
     auto hint = forward_pd(p, x, w, y, base_attr(a), dnnl::prop_kind::forward_training);
     const memory::desc bias = p.bias;  // plain; zero desc when absent
@@ -375,10 +392,10 @@ void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan
     plan.conv = dnnl::convolution_backward_weights(pd);
     plan.scratchpad_size = pd.scratchpad_desc().get_size();
     plan.name = pd.impl_info_str();
-    add(DNNL_ARG_SRC, 0, false, p.x, pd.src_desc());
-    add(DNNL_ARG_DIFF_DST, 2, false, p.y, pd.diff_dst_desc());
-    add(DNNL_ARG_DIFF_WEIGHTS, 1, true, p.w, pd.diff_weights_desc());
-    if (!bias.is_zero()) add(DNNL_ARG_DIFF_BIAS, 3, true, p.bias, pd.diff_bias_desc());
+    add(DNNL_ARG_SRC, 0, false, p.x_user, pd.src_desc());
+    add(DNNL_ARG_DIFF_DST, 2, false, p.y_user, pd.diff_dst_desc());
+    add(DNNL_ARG_DIFF_WEIGHTS, 1, true, p.w_user, pd.diff_weights_desc());
+    if (!bias.is_zero()) add(DNNL_ARG_DIFF_BIAS, 3, true, p.bias_user, pd.diff_bias_desc());
   }
 }
 
@@ -420,21 +437,24 @@ bool is_fast_kernel(const std::string& impl) {
   return impl.find("ref") == std::string::npos && impl.find("gemm") == std::string::npos;
 }
 
-Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Layouts layouts) {
-  const Problem p = describe(a);
+Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t algo) {
+  const Layouts layouts = static_cast<Layouts>(algo % kConverted);
+  const bool convert = algo >= kConverted && to_dnnl(a.x->dtype) != memory::data_type::f32;
+  const Problem p = describe(a, convert);
   // Backward ops have no post-ops in oneDNN: alpha and beta go through a staged output.
   const bool outputs_accumulate =
       a.op == FDNN_CONV_FORWARD ? false : (a.beta != 0.f || a.alpha != 1.f);
   Plan plan;
   plan.alpha = a.alpha;
-  plan.algo_id = layouts;
+  plan.algo_id = algo;
   build_primitive(p, layouts, outputs_accumulate, plan);
   // A forward output relaid out by a reorder cannot take the conv's sum post-op (it would
   // read the staging buffer): rebuild with beta moved to the reorder.
-  bool forward_staged = a.op == FDNN_CONV_FORWARD && plan.operands[2].prim_md != p.y;
+  bool forward_staged = a.op == FDNN_CONV_FORWARD && plan.operands[2].prim_md != p.y_user;
   if (forward_staged && a.beta != 0.f) build_primitive(p, layouts, true, plan);
   stage_operands(a, outputs_accumulate || (forward_staged && a.beta != 0.f), plan);
-  plan.name += std::string(" (") + layouts_name(layouts) + ")";
+  plan.name += std::string(" (") + layouts_name(layouts) +
+               (convert ? ", computed in float32 with one rounding)" : ")");
   return plan;
 }
 
@@ -450,10 +470,14 @@ double macs_of(const FDNN_Conv_Plan_Create_Args& a) {
 }
 
 // Sets the calling thread's OpenMP team size for oneDNN for a scope (an OpenMP ICV is per
-// thread, so other threads are not affected).
+// thread, so other threads are not affected). In a child made by fork() the team is one
+// thread: libgomp's pool of the parent's threads is gone there, and a wider team would wait
+// for it forever. oneDNN runs a team of one on the calling thread, without libgomp.
 class TeamSize {
  public:
-  explicit TeamSize(int threads) : saved_(omp_get_max_threads()), active_(threads > 0 && threads < saved_) {
+  explicit TeamSize(int threads)
+      : TeamSize(fdnn_shim::in_forked_child() ? 1 : threads, omp_get_max_threads()) {}
+  TeamSize(int threads, int saved) : saved_(saved), active_(threads > 0 && threads < saved_) {
     if (active_) omp_set_num_threads(threads);
   }
   ~TeamSize() {
@@ -496,10 +520,10 @@ bool is_narrow_backward_data(const FDNN_Conv_Plan_Create_Args& a) {
          is_plain(a.y);
 }
 
-Plan try_plan(const FDNN_Conv_Plan_Create_Args& a, Layouts l, bool need_fast, bool& ok) {
+Plan try_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t algo, bool need_fast, bool& ok) {
   ok = false;
   try {
-    Plan plan = make_plan(a, l);
+    Plan plan = make_plan(a, algo);
     ok = !need_fast || is_fast_kernel(plan.name);
     return plan;
   } catch (const dnnl::error& e) {
@@ -516,21 +540,91 @@ Plan try_plan(const FDNN_Conv_Plan_Create_Args& a, Layouts l, bool need_fast, bo
 // - plain NC[D]HW with channels in multiples of 16: nChw16c activations (the layout PyTorch's
 //   oneDNN path computes NCHW convolutions in), when a JIT kernel takes it;
 // - else oneDNN's preferred layouts with reorders around the primitive.
-Plan heuristic_plan(const FDNN_Conv_Plan_Create_Args& a) {
+// `base` is 0, or kConverted for a 16-bit problem computed in float32.
+Plan heuristic_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t base) {
   bool ok = false;
   if (is_plain_pointwise(a) || is_narrow_backward_data(a)) {
-    Plan plan = try_plan(a, kUserLayouts, false, ok);
+    Plan plan = try_plan(a, base + kUserLayouts, false, ok);
     if (ok && plan.name.find("gemm") != std::string::npos) return plan;
   }
   for (Layouts l : {kUserLayouts, kVendorWeights}) {
-    Plan plan = try_plan(a, l, true, ok);
+    Plan plan = try_plan(a, base + l, true, ok);
     if (ok) return plan;
   }
   if (is_plain(a.x) && a.x->shape[1] % 16 == 0 && a.y->shape[1] % 16 == 0) {
-    Plan plan = try_plan(a, kBlocked16, true, ok);
+    Plan plan = try_plan(a, base + kBlocked16, true, ok);
     if (ok) return plan;
   }
-  return make_plan(a, kVendorLayouts);
+  return make_plan(a, base + kVendorLayouts);
+}
+
+// ------------------------------------------------------------------------------------------
+// 16-bit dtypes on CPUs without their instruction set
+
+// Whether oneDNN has a real (JIT or gemm) kernel, not only its reference implementation, for
+// one op in dtype dt on this CPU (as capped by ONEDNN_MAX_CPU_ISA), probed on a typical
+// problem in oneDNN's preferred layouts.
+bool probe_native(memory::data_type dt, FDNN_ConvOp op) {
+  const memory::dims x{2, 32, 12, 12}, w{32, 32, 3, 3}, y{2, 32, 12, 12}, one{1, 1}, zero{0, 0};
+  auto md = [&](const memory::dims& d) { return memory::desc(d, dt, memory::format_tag::any); };
+  auto real = [](const std::string& impl) { return impl.find("ref") == std::string::npos; };
+  try {
+    const auto kind = op == FDNN_CONV_FORWARD ? dnnl::prop_kind::forward_inference
+                                              : dnnl::prop_kind::forward_training;
+    dnnl::convolution_forward::primitive_desc fwd(cpu_engine(), kind,
+                                                  dnnl::algorithm::convolution_direct, md(x),
+                                                  md(w), md(y), one, zero, one, one);
+    if (op == FDNN_CONV_FORWARD) return real(fwd.impl_info_str());
+    if (op == FDNN_CONV_BACKWARD_DATA)
+      return real(dnnl::convolution_backward_data::primitive_desc(
+                      cpu_engine(), dnnl::algorithm::convolution_direct, md(x), md(w), md(y),
+                      one, zero, one, one, fwd)
+                      .impl_info_str());
+    return real(dnnl::convolution_backward_weights::primitive_desc(
+                    cpu_engine(), dnnl::algorithm::convolution_direct, md(x), md(w), md(y), one,
+                    zero, one, one, fwd)
+                    .impl_info_str());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+// Per dtype, whether each op runs natively; probed once (a few primitive descriptors).
+struct NativeOps {
+  bool op[3];
+  bool all() const { return op[0] && op[1] && op[2]; }
+};
+
+const NativeOps& native_ops(memory::data_type dt) {
+  static const NativeOps f16{{probe_native(memory::data_type::f16, FDNN_CONV_FORWARD),
+                              probe_native(memory::data_type::f16, FDNN_CONV_BACKWARD_DATA),
+                              probe_native(memory::data_type::f16, FDNN_CONV_BACKWARD_WEIGHT)}};
+  static const NativeOps bf16{{probe_native(memory::data_type::bf16, FDNN_CONV_FORWARD),
+                               probe_native(memory::data_type::bf16, FDNN_CONV_BACKWARD_DATA),
+                               probe_native(memory::data_type::bf16, FDNN_CONV_BACKWARD_WEIGHT)}};
+  static const NativeOps f32{{true, true, true}};
+  return dt == memory::data_type::f16 ? f16 : dt == memory::data_type::bf16 ? bf16 : f32;
+}
+
+bool is_16bit(memory::data_type dt) {
+  return dt == memory::data_type::f16 || dt == memory::data_type::bf16;
+}
+
+// The heuristic plan, natively where oneDNN has a real kernel for this dtype and op, else (and
+// when a native attempt finds only the reference implementation or none for this shape)
+// computed in float32.
+Plan heuristic_or_converted(const FDNN_Conv_Plan_Create_Args& a) {
+  const memory::data_type dt = to_dnnl(a.x->dtype);
+  if (!is_16bit(dt)) return heuristic_plan(a, 0);
+  if (native_ops(dt).op[a.op]) {
+    try {
+      Plan plan = heuristic_plan(a, 0);
+      if (plan.name.find("ref") == std::string::npos) return plan;
+    } catch (const dnnl::error& e) {
+      if (e.status != dnnl_unimplemented) throw;
+    }
+  }
+  return heuristic_plan(a, kConverted);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -661,12 +755,14 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
     Plan plan;
     try {
       if (a.algo_policy == FDNN_ALGO_GIVEN) {
-        plan = make_plan(a, static_cast<Layouts>(a.algo_id));
+        plan = make_plan(a, a.algo_id);
       } else if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
         double best = 0;
+        const memory::data_type dt = to_dnnl(a.x->dtype);
+        const int64_t base = is_16bit(dt) && !native_ops(dt).op[a.op] ? kConverted : 0;
         for (Layouts l : {kUserLayouts, kVendorWeights, kVendorLayouts, kBlocked16}) {
           try {
-            Plan candidate = make_plan(a, l);
+            Plan candidate = make_plan(a, base + l);
             if (candidate.workspace_size > a.workspace_limit) continue;
             double t = time_plan(candidate, a);
             if (plan.name.empty() || t < best) {
@@ -677,16 +773,21 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
             if (e.status != dnnl_unimplemented) throw;
           }
         }
-        if (plan.name.empty()) plan = make_plan(a, kUserLayouts);  // reports oneDNN's error
+        if (plan.name.empty()) plan = heuristic_or_converted(a);
       } else {
-        plan = heuristic_plan(a);
+        plan = heuristic_or_converted(a);
       }
     } catch (const dnnl::error& e) {
       fail_vendor(e, a, "primitive creation");
     }
     if (plan.workspace_size > a.workspace_limit && a.workspace_limit != SIZE_MAX) {
-      Plan lean = make_plan(a, kUserLayouts);  // staging buffers are what costs
-      if (lean.workspace_size <= plan.workspace_size) plan = std::move(lean);
+      // Staging buffers are what costs; a converted plan stages every operand regardless.
+      try {
+        Plan lean = make_plan(a, plan.algo_id / kConverted * kConverted + kUserLayouts);
+        if (lean.workspace_size <= plan.workspace_size) plan = std::move(lean);
+      } catch (const dnnl::error&) {
+        // no lean plan for this problem: keep the chosen one; the caller falls back
+      }
     }
     plan.threads = threads;
     auto* owned = new Plan(std::move(plan));
@@ -779,6 +880,45 @@ void plan_destroy(FDNN_Plan_Destroy_Args* args) {
   if (args != nullptr) delete reinterpret_cast<Plan*>(args->plan);
 }
 
+// float32 natively; float16 and bfloat16 natively where oneDNN has kernels for every op on
+// this CPU, else converted (some or all ops computed in float32); no float64 convolution.
+const std::string& dtype_detail(memory::data_type dt) {
+  static std::unordered_map<int, std::string> details;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::string& text = details[static_cast<int>(dt)];
+  if (!text.empty() || !is_16bit(dt)) return text;
+  const NativeOps& native = native_ops(dt);
+  const char* isa = isa_name(dnnl::get_effective_cpu_isa());
+  if (native.all()) return text = std::string("oneDNN kernels for instruction set ") + isa;
+  std::string ops;
+  for (FDNN_ConvOp op : {FDNN_CONV_FORWARD, FDNN_CONV_BACKWARD_DATA, FDNN_CONV_BACKWARD_WEIGHT})
+    if (!native.op[op]) ops += std::string(ops.empty() ? "" : ", ") + fdnn_shim::op_name(op);
+  return text = std::string("computed in float32 with one rounding (") + ops +
+                "): oneDNN has no " + (dt == memory::data_type::f16 ? "float16" : "bfloat16") +
+                " kernel for instruction set " + isa;
+}
+
+FDNN_Error* dtype_support(FDNN_Conv_Dtype_Support_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Dtype_Support_Args_STRUCT_SIZE,
+                                 "Conv_Dtype_Support");
+    if (args->device_id != 0)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "the oneDNN shim has one device (0), not %d",
+           args->device_id);
+    const memory::data_type dt = to_dnnl(args->dtype);
+    if (dt == memory::data_type::undef) {
+      args->support = FDNN_DTYPE_SUPPORT_NONE;
+      args->detail = args->dtype.code == FDNN_DTYPE_FLOAT && args->dtype.bits == 64
+                         ? "oneDNN has no float64 convolution"
+                         : "oneDNN convolutions take float32, float16 and bfloat16";
+      return;
+    }
+    args->support = native_ops(dt).all() ? FDNN_DTYPE_SUPPORT_NATIVE : FDNN_DTYPE_SUPPORT_CONVERTED;
+    args->detail = dtype_detail(dt).c_str();
+  });
+}
+
 const FDNN_Api kApi = {
     FDNN_Api_STRUCT_SIZE,
     FDNN_ABI_MAJOR,
@@ -791,6 +931,7 @@ const FDNN_Api kApi = {
     plan_execute,
     plan_destroy,
     plan_pack_weights,
+    dtype_support,
 };
 
 }  // namespace

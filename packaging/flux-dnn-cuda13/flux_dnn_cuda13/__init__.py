@@ -51,7 +51,6 @@ def shim_spec():
         device_type=2,  # DLPack kDLCUDA
         library=str(LIBRARY),
         preload=_preload,
-        dtypes=("float16", "bfloat16", "float32", "float64"),
         install_hint=f"an NVIDIA GPU with a driver for CUDA {CUDA_MAJOR}, and "
                      f"pip install flux-dnn-cuda{CUDA_MAJOR}",
     )
