@@ -5,9 +5,11 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "flux_dnn/flux_dnn.h"
 
@@ -94,11 +96,31 @@ std::string describe_problem(const FDNN_Conv_Plan_Create_Args& a);
 
 const char* op_name(FDNN_ConvOp op);
 
-// Whether this process is a child made by fork() after the shim was loaded. GNU libgomp's
-// thread team does not survive a fork: a child that enters a parallel region of more than one
-// thread waits forever for threads that exist only in the parent. CPU shims run on the
-// calling thread alone there.
+// Whether this process is a child made by fork() after the shim was loaded.
 bool in_forked_child();
+
+// Runs `body` on the calling thread, or, in a child made by fork(), on a new thread. GNU
+// libgomp's thread pool does not survive a fork: the forking thread's pool still lists the
+// parent's threads, and its next parallel region waits for them forever (oneDNN primitives
+// fix their team size when they are created, so a smaller team is no way out). A new thread
+// has no pool yet and starts one of its own. Exceptions reach the caller.
+template <class Body>
+void on_fork_safe_thread(Body&& body) {
+  if (!in_forked_child()) {
+    body();
+    return;
+  }
+  std::exception_ptr error;
+  std::thread worker([&] {
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  worker.join();
+  if (error) std::rethrow_exception(error);
+}
 const char* dtype_name(FDNN_DLDataType t);
 
 }  // namespace fdnn_shim

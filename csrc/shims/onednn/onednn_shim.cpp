@@ -470,14 +470,10 @@ double macs_of(const FDNN_Conv_Plan_Create_Args& a) {
 }
 
 // Sets the calling thread's OpenMP team size for oneDNN for a scope (an OpenMP ICV is per
-// thread, so other threads are not affected). In a child made by fork() the team is one
-// thread: libgomp's pool of the parent's threads is gone there, and a wider team would wait
-// for it forever. oneDNN runs a team of one on the calling thread, without libgomp.
+// thread, so other threads are not affected).
 class TeamSize {
  public:
-  explicit TeamSize(int threads)
-      : TeamSize(fdnn_shim::in_forked_child() ? 1 : threads, omp_get_max_threads()) {}
-  TeamSize(int threads, int saved) : saved_(saved), active_(threads > 0 && threads < saved_) {
+  explicit TeamSize(int threads) : saved_(omp_get_max_threads()), active_(threads > 0 && threads < saved_) {
     if (active_) omp_set_num_threads(threads);
   }
   ~TeamSize() {
@@ -744,10 +740,17 @@ FDNN_Error* device_describe(FDNN_Device_Describe_Args* args) {
 }
 
 double time_plan(const Plan& plan, const FDNN_Conv_Plan_Create_Args& a);
+void create_plan(FDNN_Conv_Plan_Create_Args* args);
 
 FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE, "Conv_Plan_Create");
+    fdnn_shim::on_fork_safe_thread([&] { create_plan(args); });
+  });
+}
+
+void create_plan(FDNN_Conv_Plan_Create_Args* args) {
+  {
     const FDNN_Conv_Plan_Create_Args& a = *args;
     check_problem(a);
     const int threads = macs_of(a) < kSerialMacs ? 1 : 0;
@@ -795,7 +798,7 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
     args->workspace_size = owned->workspace_size;
     args->chosen_algo_id = owned->algo_id;
     args->algo_name = owned->name.c_str();
-  });
+  }
 }
 
 // Times a candidate on zero-filled buffers of the problem's sizes (benchmark policy).
@@ -834,12 +837,14 @@ FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
       fail(FDNN_ERROR_INVALID_ARGUMENT, "workspace of %zu bytes is smaller than the %zu needed",
            args->workspace_size, plan.workspace_size);
     void* const pointers[4] = {args->x, args->w, args->y, args->bias};
-    try {
-      execute_plan(plan, pointers, static_cast<char*>(args->workspace));
-    } catch (const dnnl::error& e) {
-      fail(FDNN_ERROR_VENDOR, "oneDNN execution of %s failed: %s (%s)", plan.name.c_str(),
-           status_text(e.status), e.what());
-    }
+    fdnn_shim::on_fork_safe_thread([&] {
+      try {
+        execute_plan(plan, pointers, static_cast<char*>(args->workspace));
+      } catch (const dnnl::error& e) {
+        fail(FDNN_ERROR_VENDOR, "oneDNN execution of %s failed: %s (%s)", plan.name.c_str(),
+             status_text(e.status), e.what());
+      }
+    });
   });
 }
 
@@ -862,8 +867,10 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
       memory user(o.user_md, cpu_engine(), const_cast<void*>(args->w));
       memory mine(o.prim_md, cpu_engine(), buffer);
       try {
-        dnnl::reorder(user, mine).execute(cpu_stream(), user, mine);
-        cpu_stream().wait();
+        fdnn_shim::on_fork_safe_thread([&] {
+          dnnl::reorder(user, mine).execute(cpu_stream(), user, mine);
+          cpu_stream().wait();
+        });
       } catch (const dnnl::error& e) {
         fail(FDNN_ERROR_VENDOR, "oneDNN weight packing for %s failed: %s (%s)", source.name.c_str(),
              status_text(e.status), e.what());
