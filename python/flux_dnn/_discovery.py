@@ -49,6 +49,7 @@ class ShimSpec:
     #: with a readable reason when they are missing
     preload: Optional[Callable[[], None]] = None
     install_hint: str = ""  #: what to install when this shim cannot load
+    priority: int = 0  #: among shims of one device type, higher is tried first
 
 
 @dataclasses.dataclass
