@@ -306,10 +306,10 @@ def test_ops(shim, rng, op, dtype, nd, lay):
 
 @pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
-@pytest.mark.parametrize("algo_id", [1, 2])
+@pytest.mark.parametrize("algo_id", [1, 2, 3])
 @pytest.mark.parametrize("lay", ["dense", "cl", "strided"])
 def test_each_lowering_any_layout(shim, rng, op, dtype, algo_id, lay):
-    """Both lowerings (1 rows, 2 cols) on every layout, including non-dense strides: the
+    """Every lowering (1 rows, 2 cols per image, 3 cols over the batch) on every layout, including non-dense strides: the
     direct and the staged paths."""
     args = conv_case(shim, rng, op, dtype, 2, size=(6, 5), g=GEOMETRIES[2], x_layout=lay, y_layout=lay,
                      w_layout=lay, policy=2, algo_id=algo_id, bias=op == BACKWARD_WEIGHT)
@@ -444,7 +444,7 @@ def test_packed_weights(shim, rng):
 
 def test_benchmark_policy(shim, rng):
     args = conv_case(shim, rng, FORWARD, "float32", 2, size=6, policy=1)
-    assert args.chosen_algo_id in (1, 2)
+    assert args.chosen_algo_id in (1, 2, 3)
 
 
 # ---------------------------------------------------------------------------------------------

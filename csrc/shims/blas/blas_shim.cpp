@@ -97,13 +97,15 @@ int threads_for(int64_t work) {
 enum Lowering : int64_t {
   kHeuristic = 0,
   kRows = 1,  // im2col rows over the whole batch (channels-last GEMM)
-  kCols = 2,  // im2col columns per image (NC[D]HW GEMM)
+  kCols = 2,       // im2col columns per image (NC[D]HW GEMM, reads/writes the caller's arrays)
+  kColsBatch = 3,  // im2col columns over the batch (one NC[D]HW GEMM for many images)
 };
 
 struct Plan {
   FDNN_ConvOp op = FDNN_CONV_FORWARD;
   Dt dt = kF32;
-  Lowering lowering = kRows;
+  Lowering lowering = kRows;  // kRows or kCols (kColsBatch is kCols spanning images)
+  bool span_images = false;   // cols chunks may span images (no per-image direct views)
   // Geometry, as 3-D with unit leading dims for lower ranks.
   int64_t N = 1, C = 1, K = 1, G = 1, Cg = 1, Kg = 1;
   int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, ks[3] = {1, 1, 1};
@@ -247,20 +249,30 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
     fail(FDNN_ERROR_INVALID_ARGUMENT, "an activation is fused into forward only");
   if (a.algo_policy < FDNN_ALGO_HEURISTIC || a.algo_policy > FDNN_ALGO_GIVEN)
     fail(FDNN_ERROR_INVALID_ARGUMENT, "unknown algo_policy %d", static_cast<int>(a.algo_policy));
-  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 2))
+  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 3))
     fail(FDNN_ERROR_INVALID_ARGUMENT,
-         "algo_id %lld is not an OpenBLAS shim algorithm (0 heuristic, 1 rows, 2 cols)",
+         "algo_id %lld is not an OpenBLAS shim algorithm (0 heuristic, 1 rows, 2 cols per "
+         "image, 3 cols over the batch)",
          static_cast<long long>(a.algo_id));
 }
 
-// Heuristic lowering: channels-last output (channel stride 1) -> rows, else cols.
+// Heuristic lowering: channels-last output (channel stride 1) -> rows over the batch; else
+// cols, per image (GEMMs on the caller's arrays) for pointwise convolutions, one image or
+// large images, and over the batch otherwise (few large GEMMs beat many small ones, at the
+// cost of copying y once).
 Lowering heuristic_lowering(const FDNN_Conv_Plan_Create_Args& a) {
   const FDNN_DLTensor* y = a.y;
   if (y->shape[1] > 1 && y->strides[1] == 1) return kRows;
   int64_t osp = 1;
-  for (int i = 2; i < y->ndim; ++i) osp *= y->shape[i];
+  bool pointwise = true;
+  for (int i = 2; i < y->ndim; ++i) {
+    osp *= y->shape[i];
+    pointwise = pointwise && a.w->shape[i] == 1 && a.stride[i - 2] == 1 && a.padding_lo[i - 2] == 0 &&
+                a.padding_hi[i - 2] == 0;
+  }
   if (osp == 1) return kRows;
-  return kCols;
+  if (pointwise || y->shape[0] == 1 || osp >= 4096) return kCols;
+  return kColsBatch;
 }
 
 const char* dt_label(Dt dt) {
@@ -272,8 +284,10 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
   Plan p;
   p.op = a.op;
   p.dt = dt_of(a.x->dtype);
-  p.lowering = l;
   p.algo_id = l;
+  p.span_images = l == kColsBatch;
+  if (l == kColsBatch) l = kCols;
+  p.lowering = l;
   const int rank = a.spatial_rank;
   int64_t xsh[5], wsh[5], ysh[5];
   pad5(a.x, rank, xsh, p.xs);
@@ -315,8 +329,8 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
   for (int i = 0; i < 3; ++i)
     pointwise = pointwise && p.ks[i] == 1 && p.st[i] == 1 && p.lo[i] == 0 && p.in[i] == p.out[i];
   int64_t ldx = 0, ldy = 0;
-  const bool x_view = native && activation_view(xsh, p.xs, l, ldx);
-  const bool y_view = native && activation_view(ysh, p.ys, l, ldy);
+  const bool x_view = native && !p.span_images && activation_view(xsh, p.xs, l, ldx);
+  const bool y_view = native && !p.span_images && activation_view(ysh, p.ys, l, ldy);
   p.ldx = ldx;
   p.ldy = ldy;
   if (l == kCols)
@@ -354,7 +368,7 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
   p.off_acc = fixed;
   if (need_acc) fixed += align64(static_cast<size_t>(p.N * p.C * p.ISP) * es);
   const int64_t per_unit = (need_col ? p.R : 0) + (need_y ? p.Kg : 0);
-  const int64_t total = l == kRows ? p.M : p.OSP;
+  const int64_t total = l == kRows || p.span_images ? p.M : p.OSP;
   int64_t chunk = total;
   if (per_unit > 0) {
     const size_t preferred_bytes = size_t{96} << 20;  // large GEMMs, bounded memory
@@ -388,8 +402,9 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
   if (need_y) off += align64(static_cast<size_t>(chunk * p.Kg) * es);
   p.workspace = off;
 
-  p.name = std::string("OpenBLAS ") + (l == kRows ? "im2col rows GEMM (channels-last)"
-                                                  : "im2col cols GEMM (per image)");
+  p.name = std::string("OpenBLAS ") + (l == kRows           ? "im2col rows GEMM (channels-last)"
+                                        : p.span_images ? "im2col cols GEMM (batch)"
+                                                        : "im2col cols GEMM (per image)");
   if (p.x_direct || p.dx_gemm) p.name += " pointwise";
   p.name += std::string(", ") + dt_label(p.dt);
   return p;
@@ -596,111 +611,141 @@ struct Exec {
     }
   }
 
-  // --- cols lowering: col (R x pc), column j = output position p0+j of image n ------------
-  void im2col_cols(int64_t n, int64_t g, int64_t p0, int64_t pc, T* col) const {
-    const int nt = threads_for(pc * p.R);
-    const int64_t* s = p.xs;
+  // --- cols lowering: col (R x mc), column j = output position m0+j of the batch (a chunk
+  // may span images; in per-image mode it never does) --------------------------------------
+
+  // Calls f(j, n, od, oh, ow, seg) for runs of one output row: columns j..j+seg-1 of the chunk
+  // are image n, output row (od, oh), positions ow..ow+seg-1.
+  template <class F>
+  void for_segments(int64_t m0, int64_t mc, F&& f) const {
     const int64_t plane = p.out[1] * p.out[2];
+    int64_t j = 0, q = m0;
+    while (j < mc) {
+      const int64_t n = q / p.OSP, pp = q % p.OSP;
+      const int64_t od = pp / plane, oh = (pp % plane) / p.out[2], ow = pp % p.out[2];
+      const int64_t seg = std::min(p.out[2] - ow, mc - j);
+      f(j, n, od, oh, ow, seg);
+      j += seg;
+      q += seg;
+    }
+  }
+
+  void im2col_cols(int64_t m0, int64_t mc, int64_t g, T* col) const {
+    const int nt = threads_for(mc * p.R);
+    const int64_t* s = p.xs;
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t r = 0; r < p.R; ++r) {
       const int64_t c = r / p.kvol, kidx = r % p.kvol;
       const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
-      const S* xc = x + n * s[0] + (g * p.Cg + c) * s[1];
+      const S* xc = x + (g * p.Cg + c) * s[1];
       int64_t w_lo, w_hi;
       valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], w_lo, w_hi);
-      T* dst = col + r * pc;
-      int64_t j = 0, q = p0;
-      while (j < pc) {
-        const int64_t od = q / plane, oh = (q % plane) / p.out[2], ow = q % p.out[2];
-        const int64_t seg = std::min(p.out[2] - ow, pc - j);
+      T* dst = col + r * mc;
+      const int64_t step = p.st[2] * s[4];
+      for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
         const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
         const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
         T* d = dst + j;
         if (id < 0 || id >= p.in[0] || ih < 0 || ih >= p.in[1]) {
           std::fill(d, d + seg, T(0));
-        } else {
-          const S* src = xc + id * s[2] + ih * s[3];
-          const int64_t a0 = std::clamp(w_lo, ow, ow + seg), a1 = std::clamp(w_hi, a0, ow + seg);
-          std::fill(d, d + (a0 - ow), T(0));
-          const int64_t step = p.st[2] * s[4];
-          const S* sp = src + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * s[4];
-          T* dd = d + (a0 - ow);
-          if (std::is_same<S, T>::value && step == 1)
-            std::memcpy(static_cast<void*>(dd), sp, (a1 - a0) * sizeof(T));
-          else
-            for (int64_t t = 0; t < a1 - a0; ++t) dd[t] = widen(sp[t * step]);
-          std::fill(d + (a1 - ow), d + seg, T(0));
+          return;
         }
-        j += seg;
-        q += seg;
-      }
+        const S* src = xc + n * s[0] + id * s[2] + ih * s[3];
+        const int64_t a0 = std::clamp(w_lo, ow, ow + seg), a1 = std::clamp(w_hi, a0, ow + seg);
+        std::fill(d, d + (a0 - ow), T(0));
+        const S* sp = src + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * s[4];
+        T* dd = d + (a0 - ow);
+        if (std::is_same<S, T>::value && step == 1)
+          std::memcpy(static_cast<void*>(dd), sp, (a1 - a0) * sizeof(T));
+        else
+          for (int64_t t = 0; t < a1 - a0; ++t) dd[t] = widen(sp[t * step]);
+        std::fill(d + (a1 - ow), d + seg, T(0));
+      });
     }
   }
 
-  void col2im_cols(int64_t n, int64_t g, int64_t p0, int64_t pc, const T* col, T* target,
+  void col2im_cols(int64_t m0, int64_t mc, int64_t g, const T* col, T* target,
                    const int64_t* tx) const {
-    const int nt = static_cast<int>(std::min<int64_t>(threads_for(pc * p.R), p.Cg));
-    const int64_t plane = p.out[1] * p.out[2];
+    const int nt = static_cast<int>(std::min<int64_t>(threads_for(mc * p.R), p.Cg));
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t c = 0; c < p.Cg; ++c) {
-      T* xc = target + n * tx[0] + (g * p.Cg + c) * tx[1];
+      T* xc = target + (g * p.Cg + c) * tx[1];
       for (int64_t kidx = 0; kidx < p.kvol; ++kidx) {
         const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
         int64_t w_lo, w_hi;
         valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], w_lo, w_hi);
-        const T* src = col + (c * p.kvol + kidx) * pc;
-        int64_t j = 0, q = p0;
-        while (j < pc) {
-          const int64_t od = q / plane, oh = (q % plane) / p.out[2], ow = q % p.out[2];
-          const int64_t seg = std::min(p.out[2] - ow, pc - j);
+        const T* src = col + (c * p.kvol + kidx) * mc;
+        const int64_t step = p.st[2] * tx[4];
+        for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
           const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
           const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
-          if (id >= 0 && id < p.in[0] && ih >= 0 && ih < p.in[1]) {
-            const int64_t a0 = std::clamp(w_lo, ow, ow + seg), a1 = std::clamp(w_hi, a0, ow + seg);
-            const int64_t step = p.st[2] * tx[4];
-            T* dp = xc + id * tx[2] + ih * tx[3] + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * tx[4];
-            const T* sp = src + j + (a0 - ow);
-            for (int64_t t = 0; t < a1 - a0; ++t) dp[t * step] += sp[t];
-          }
-          j += seg;
-          q += seg;
-        }
+          if (id < 0 || id >= p.in[0] || ih < 0 || ih >= p.in[1]) return;
+          const int64_t a0 = std::clamp(w_lo, ow, ow + seg), a1 = std::clamp(w_hi, a0, ow + seg);
+          T* dp = xc + n * tx[0] + id * tx[2] + ih * tx[3] + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * tx[4];
+          const T* sp = src + j + (a0 - ow);
+          for (int64_t t = 0; t < a1 - a0; ++t) dp[t * step] += sp[t];
+        });
       }
     }
   }
 
-  void pack_y_cols(int64_t n, int64_t g, int64_t p0, int64_t pc, T* dst) const {
-    const int nt = threads_for(pc * p.Kg);
+  const S* y_row(int64_t n, int64_t ch, int64_t od, int64_t oh, int64_t ow) const {
+    return y + n * p.ys[0] + ch * p.ys[1] + od * p.ys[2] + oh * p.ys[3] + ow * p.ys[4];
+  }
+
+  void pack_y_cols(int64_t m0, int64_t mc, int64_t g, T* dst) const {
+    const int nt = threads_for(mc * p.Kg);
+    const int64_t s4 = p.ys[4];
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < p.Kg; ++k) {
-      const S* src = y + n * p.ys[0] + (g * p.Kg + k) * p.ys[1];
-      for (int64_t j = 0; j < pc; ++j) dst[k * pc + j] = widen(src[spatial_offset(p0 + j, p.ys)]);
+      T* row = dst + k * mc;
+      for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
+        const S* src = y_row(n, g * p.Kg + k, od, oh, ow);
+        for (int64_t t = 0; t < seg; ++t) row[j + t] = widen(src[t * s4]);
+      });
     }
   }
 
-  void epilogue_cols(int64_t n, int64_t g, int64_t p0, int64_t pc, T* O, int64_t ldo) const {
+  void epilogue_cols(int64_t m0, int64_t mc, int64_t g, T* O, int64_t ldo) const {
     const bool has_act = p.act != FDNN_ACTIVATION_NONE;
     if (p.y_direct && !p.has_bias && !has_act) return;
     const T* b = p.has_bias ? buf(p.off_bias) + g * p.Kg : nullptr;
     const T beta = static_cast<T>(p.beta);
-    const int nt = threads_for(pc * p.Kg);
+    const int nt = threads_for(mc * p.Kg);
+    const int64_t s4 = p.ys[4];
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < p.Kg; ++k) {
       T* row = O + k * ldo;
       if (b) {
         const T bk = b[k];
-        for (int64_t j = 0; j < pc; ++j) row[j] += bk;
+        for (int64_t j = 0; j < mc; ++j) row[j] += bk;
       }
-      activate<T>(row, pc, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
+      activate<T>(row, mc, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
       if (p.y_direct) continue;
-      S* dst = y + n * p.ys[0] + (g * p.Kg + k) * p.ys[1];
-      for (int64_t j = 0; j < pc; ++j) {
-        S* e = dst + spatial_offset(p0 + j, p.ys);
-        T v = row[j];
-        if (beta != T(0)) v += beta * widen(*e);
-        store(e, v);
-      }
+      for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
+        S* dst = const_cast<S*>(y_row(n, g * p.Kg + k, od, oh, ow));
+        const T* v = row + j;
+        if (beta != T(0)) {
+          for (int64_t t = 0; t < seg; ++t) store(dst + t * s4, static_cast<T>(v[t] + beta * widen(dst[t * s4])));
+        } else if (std::is_same<S, T>::value && s4 == 1) {
+          std::memcpy(static_cast<void*>(dst), v, seg * sizeof(T));
+        } else {
+          for (int64_t t = 0; t < seg; ++t) store(dst + t * s4, v[t]);
+        }
+      });
     }
+  }
+
+  // The chunks of the cols lowering: (m0, mc) over the batch, or within each image when the
+  // plan reads or writes the caller's arrays per image.
+  template <class F>
+  void for_chunks_cols(F&& f) const {
+    if (p.span_images) {
+      for (int64_t m0 = 0; m0 < p.M; m0 += p.chunk) f(m0, std::min(p.chunk, p.M - m0));
+      return;
+    }
+    for (int64_t n = 0; n < p.N; ++n)
+      for (int64_t p0 = 0; p0 < p.OSP; p0 += p.chunk) f(n * p.OSP + p0, std::min(p.chunk, p.OSP - p0));
   }
 
   // --- ops ---------------------------------------------------------------------------------
@@ -738,28 +783,27 @@ struct Exec {
       }
       return;
     }
-    for (int64_t n = 0; n < p.N; ++n)
-      for (int64_t p0 = 0; p0 < p.OSP; p0 += p.chunk) {
-        const int64_t pc = std::min(p.chunk, p.OSP - p0);
-        for (int64_t g = 0; g < p.G; ++g) {
-          const T* B = col;
-          int64_t ldb = pc;
-          if (p.x_direct) {
-            B = reinterpret_cast<const T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
-            ldb = p.ldx;
-          } else {
-            im2col_cols(n, g, p0, pc, col);
-          }
-          T* O = ybuf;
-          int64_t ldo = pc;
-          if (p.y_direct) {
-            O = reinterpret_cast<T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
-            ldo = p.ldy;
-          }
-          gemm(false, false, p.Kg, pc, p.R, alpha, W + g * p.Kg * ldw, ldw, B, ldb, beta, O, ldo);
-          epilogue_cols(n, g, p0, pc, O, ldo);
+    for_chunks_cols([&](int64_t m0, int64_t mc) {
+      const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
+      for (int64_t g = 0; g < p.G; ++g) {
+        const T* B = col;
+        int64_t ldb = mc;
+        if (p.x_direct) {
+          B = reinterpret_cast<const T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
+          ldb = p.ldx;
+        } else {
+          im2col_cols(m0, mc, g, col);
         }
+        T* O = ybuf;
+        int64_t ldo = mc;
+        if (p.y_direct) {
+          O = reinterpret_cast<T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
+          ldo = p.ldy;
+        }
+        gemm(false, false, p.Kg, mc, p.R, alpha, W + g * p.Kg * ldw, ldw, B, ldb, beta, O, ldo);
+        epilogue_cols(m0, mc, g, O, ldo);
       }
+    });
   }
 
   // Scales (beta) or zeroes every element of an activation-shaped array in place.
@@ -825,27 +869,26 @@ struct Exec {
         }
       }
     } else {
-      for (int64_t n = 0; n < p.N; ++n)
-        for (int64_t p0 = 0; p0 < p.OSP; p0 += p.chunk) {
-          const int64_t pc = std::min(p.chunk, p.OSP - p0);
-          for (int64_t g = 0; g < p.G; ++g) {
-            const T* dY = ybuf;
-            int64_t ldy = pc;
-            if (p.y_direct) {
-              dY = reinterpret_cast<const T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
-              ldy = p.ldy;
-            } else {
-              pack_y_cols(n, g, p0, pc, ybuf);
-            }
-            if (p.dx_gemm) {
-              gemm(true, false, p.Cg, pc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, beta,
-                   reinterpret_cast<T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0, p.ldx);
-            } else {
-              gemm(true, false, p.R, pc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, T(0), col, pc);
-              col2im_cols(n, g, p0, pc, col, target, tx);
-            }
+      for_chunks_cols([&](int64_t m0, int64_t mc) {
+        const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
+        for (int64_t g = 0; g < p.G; ++g) {
+          const T* dY = ybuf;
+          int64_t ldy = mc;
+          if (p.y_direct) {
+            dY = reinterpret_cast<const T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
+            ldy = p.ldy;
+          } else {
+            pack_y_cols(m0, mc, g, ybuf);
+          }
+          if (p.dx_gemm) {
+            gemm(true, false, p.Cg, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, beta,
+                 reinterpret_cast<T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0, p.ldx);
+          } else {
+            gemm(true, false, p.R, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, T(0), col, mc);
+            col2im_cols(m0, mc, g, col, target, tx);
           }
         }
+      });
     }
     if (!p.dx_gemm && !native) {  // round the accumulator once into dx
       const int nt = threads_for(p.N * p.C * p.ISP);
@@ -896,31 +939,29 @@ struct Exec {
         }
       }
     } else {
-      for (int64_t n = 0; n < p.N; ++n)
-        for (int64_t p0 = 0; p0 < p.OSP; p0 += p.chunk) {
-          const int64_t pc = std::min(p.chunk, p.OSP - p0);
-          for (int64_t g = 0; g < p.G; ++g) {
-            const T* B = col;
-            int64_t ldb = pc;
-            if (p.x_direct) {
-              B = reinterpret_cast<const T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
-              ldb = p.ldx;
-            } else {
-              im2col_cols(n, g, p0, pc, col);
-            }
-            const T* dY = ybuf;
-            int64_t ldy = pc;
-            if (p.y_direct) {
-              dY = reinterpret_cast<const T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
-              ldy = p.ldy;
-            } else {
-              pack_y_cols(n, g, p0, pc, ybuf);
-            }
-            const bool first = n == 0 && p0 == 0;
-            gemm(false, true, p.Kg, p.R, pc, alpha, dY, ldy, B, ldb, first ? beta0 : T(1),
-                 dW + g * p.Kg * ldw, ldw);
+      for_chunks_cols([&](int64_t m0, int64_t mc) {
+        const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
+        for (int64_t g = 0; g < p.G; ++g) {
+          const T* B = col;
+          int64_t ldb = mc;
+          if (p.x_direct) {
+            B = reinterpret_cast<const T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
+            ldb = p.ldx;
+          } else {
+            im2col_cols(m0, mc, g, col);
           }
+          const T* dY = ybuf;
+          int64_t ldy = mc;
+          if (p.y_direct) {
+            dY = reinterpret_cast<const T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
+            ldy = p.ldy;
+          } else {
+            pack_y_cols(m0, mc, g, ybuf);
+          }
+          gemm(false, true, p.Kg, p.R, mc, alpha, dY, ldy, B, ldb, m0 == 0 ? beta0 : T(1),
+               dW + g * p.Kg * ldw, ldw);
         }
+      });
     }
     if (!p.w_direct) {  // dW buffer -> w in its layout, with beta, rounded once
       const int nt = threads_for(p.K * p.R);
@@ -1133,7 +1174,7 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
     } else if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
       double best = 0;
       bool have = false;
-      for (Lowering l : {kRows, kCols}) {
+      for (Lowering l : {kRows, kCols, kColsBatch}) {
         Plan candidate;
         try {
           candidate = make_plan(a, l);
