@@ -524,3 +524,34 @@ def test_execute_rejects_small_workspace_and_null_data(shim):
     small = F.ConvPlanCreateArgs(struct_size=8)
     error = shim.call("Conv_Plan_Create", small)
     assert error is not None and error[0] == "INVALID_ARGUMENT"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_runs_in_forked_child(shim, rng):
+    """After the parent ran threaded copy loops, a forked child still computes (one thread
+    there: GNU libgomp's team does not survive fork)."""
+    import time
+    import warnings
+
+    kw = dict(size=(40, 40), g=geometry(2, lo=(1, 1), hi=(1, 1)), N=4, C=16, K=16, groups=1)
+    conv_case(shim, rng, FORWARD, "float32", 2, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            conv_case(shim, rng, FORWARD, "float32", 2, **kw)
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung")
