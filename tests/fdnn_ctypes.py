@@ -9,7 +9,8 @@ ERROR_NAMES = {1: "INVALID_ARGUMENT", 2: "UNSUPPORTED", 3: "UNAVAILABLE", 4: "OU
                5: "VENDOR", 6: "INTERNAL"}
 FUNCTIONS = ("Error_Destroy", "Error_Describe", "Shim_Info", "Device_Describe",
              "Conv_Plan_Create", "Conv_Plan_Execute", "Plan_Destroy")
-OPTIONAL_FUNCTIONS = ("Conv_Plan_Pack_Weights",)  # 1.1; NULL when the shim cannot
+OPTIONAL_FUNCTIONS = ("Conv_Plan_Pack_Weights",  # 1.1; NULL when the shim cannot
+                      "Conv_Dtype_Support")  # 1.2
 
 
 class Api(C.Structure):
@@ -65,6 +66,11 @@ class ConvPlanCreateArgs(C.Structure):
                 ("algo_id", C.c_int64), ("workspace_limit", C.c_size_t), ("stream", C.c_void_p),
                 ("plan", C.c_void_p), ("workspace_size", C.c_size_t), ("chosen_algo_id", C.c_int64),
                 ("algo_name", C.c_char_p)]
+
+
+class ConvDtypeSupportArgs(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("device_id", C.c_int32), ("dtype", DLDataType),
+                ("support", C.c_int32), ("detail", C.c_char_p)]
 
 
 class PlanDestroyArgs(C.Structure):

@@ -1,0 +1,1263 @@
+// The CBLAS shim: flux_dnn's ABI on OpenBLAS's GEMM (the scipy-openblas32 wheel's library,
+// whose symbols carry a scipy_ prefix).
+//
+// Every op is lowered to a few large GEMMs over an im2col matrix (see README.md):
+//  - "rows" lowering (channels-last): one row per output position of the whole batch,
+//    columns (kd, kh, kw, c); one GEMM per group covers N*OD*OH*OW rows.
+//  - "cols" lowering (NC[D]HW): per image, one column per output position, rows
+//    (c, kd, kh, kw) in the weights' own order; one GEMM per image and group writes y.
+// A 1x1, stride-1, unpadded convolution in a matching layout uses x itself as the im2col
+// matrix. float64 and float32 run natively (dgemm, sgemm); float16 and bfloat16 are
+// converted to float32 while gathered into the workspace, computed in float32 and rounded
+// once into the output. Everything a call needs lives in the caller's workspace: a plan holds
+// no mutable state and may execute on several threads at once.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fp16.hpp"
+#include "shim_common.hpp"
+
+using fdnn_shim::fail;
+
+namespace {
+
+using namespace fdnn_blas;
+
+// ------------------------------------------------------------------------------------------
+// Element types
+
+struct Half {
+  uint16_t bits;
+};
+struct BF16 {
+  uint16_t bits;
+};
+
+inline double widen(double v) { return v; }
+inline float widen(float v) { return v; }
+inline float widen(Half v) { return half_to_float(v.bits); }
+inline float widen(BF16 v) { return bf16_to_float(v.bits); }
+inline void store(double* p, double v) { *p = v; }
+inline void store(float* p, float v) { *p = v; }
+inline void store(Half* p, float v) { p->bits = float_to_half(v); }
+inline void store(BF16* p, float v) { p->bits = float_to_bf16(v); }
+
+enum Dt { kF64, kF32, kF16, kBF16, kNone };
+
+Dt dt_of(FDNN_DLDataType t) {
+  if (t.lanes != 1) return kNone;
+  if (t.code == FDNN_DTYPE_FLOAT && t.bits == 64) return kF64;
+  if (t.code == FDNN_DTYPE_FLOAT && t.bits == 32) return kF32;
+  if (t.code == FDNN_DTYPE_FLOAT && t.bits == 16) return kF16;
+  if (t.code == FDNN_DTYPE_BFLOAT && t.bits == 16) return kBF16;
+  return kNone;
+}
+
+// ------------------------------------------------------------------------------------------
+// GEMM (row-major) and threads
+
+inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
+
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  scipy_cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<blasint>(m),
+                    static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+                    static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+                    static_cast<blasint>(ldc));
+}
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                 const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+                 double* c, int64_t ldc) {
+  scipy_cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<blasint>(m),
+                    static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+                    static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+                    static_cast<blasint>(ldc));
+}
+
+// Threads for a copy loop of `work` elements: one in a forked child (GNU libgomp's team
+// does not survive fork; OpenBLAS handles fork itself) and for small loops.
+int threads_for(int64_t work) {
+  if (work < (1 << 15) || fdnn_shim::in_forked_child()) return 1;
+  return omp_get_max_threads();
+}
+
+// ------------------------------------------------------------------------------------------
+// The plan
+
+enum Lowering : int64_t {
+  kHeuristic = 0,
+  kRows = 1,  // im2col rows over the whole batch (channels-last GEMM)
+  kCols = 2,       // im2col columns per image (NC[D]HW GEMM, reads/writes the caller's arrays)
+  kColsBatch = 3,  // im2col columns over the batch (one NC[D]HW GEMM for many images)
+};
+
+struct Plan {
+  FDNN_ConvOp op = FDNN_CONV_FORWARD;
+  Dt dt = kF32;
+  Lowering lowering = kRows;  // kRows or kCols (kColsBatch is kCols spanning images)
+  bool span_images = false;   // cols chunks may span images (no per-image direct views)
+  // Geometry, as 3-D with unit leading dims for lower ranks.
+  int64_t N = 1, C = 1, K = 1, G = 1, Cg = 1, Kg = 1;
+  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, ks[3] = {1, 1, 1};
+  int64_t st[3] = {1, 1, 1}, dil[3] = {1, 1, 1}, lo[3] = {0, 0, 0};
+  int64_t xs[5] = {}, ws[5] = {}, ys[5] = {}, bs = 0;  // element strides
+  bool has_bias = false;
+  int64_t kvol = 1, R = 1, OSP = 1, ISP = 1, M = 1;
+  float alpha = 1.f, beta = 0.f;
+  FDNN_Activation act = FDNN_ACTIVATION_NONE;
+  float act_a = 0.f, act_b = 0.f;
+  // Zero-copy views (the caller's arrays used as GEMM operands).
+  bool x_direct = false;  // x is the im2col matrix (forward, backward-weight)
+  bool dx_gemm = false;   // backward-data GEMM writes dx itself (pointwise)
+  bool y_direct = false;  // y is the GEMM output (forward) / dy the GEMM input (backward)
+  bool w_direct = false;  // w is the weight operand / dw the GEMM output
+  int64_t ldx = 0, ldy = 0, ldw = 0;
+  int64_t chunk = 1;  // rows: output positions of the batch; cols: of one image
+  size_t off_w = 0, off_col = 0, off_y = 0, off_acc = 0, off_bias = 0, workspace = 0;
+  int64_t algo_id = kRows;
+  std::string name;
+  std::shared_ptr<std::vector<unsigned char>> packed_w;  // Conv_Plan_Pack_Weights
+};
+
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+size_t elem_size(Dt dt) { return dt == kF64 ? 8 : 4; }  // of the compute type
+
+// Whether dims `order` (outer to inner) of an array form one compact block whose innermost
+// stride is `unit` (dims of size 1 may have any stride).
+bool compact(const int64_t* shape, const int64_t* strides, std::initializer_list<int> order,
+             int64_t unit) {
+  int64_t expect = unit;
+  for (auto it = order.end(); it != order.begin();) {
+    --it;
+    if (shape[*it] == 1) continue;
+    if (strides[*it] != expect) return false;
+    expect *= shape[*it];
+  }
+  return true;
+}
+
+// A 5-D (N, C, D, H, W) view of an (n+2)-D array.
+void pad5(const FDNN_DLTensor* t, int rank, int64_t shape[5], int64_t strides[5]) {
+  shape[0] = t->shape[0];
+  shape[1] = t->shape[1];
+  strides[0] = t->strides[0];
+  strides[1] = t->strides[1];
+  for (int i = 0; i < 3; ++i) {
+    const int j = i - (3 - rank);
+    shape[2 + i] = j >= 0 ? t->shape[2 + j] : 1;
+    strides[2 + i] = j >= 0 ? t->strides[2 + j] : 0;
+  }
+}
+
+// The matrix view of an activation array (N, Ch, *sp) in a lowering: rows lowering wants
+// (n, sp) flattened with one stride `ld` and channels at stride 1; cols lowering wants the
+// spatial dims of an image flattened at stride 1 and channels at stride `ld`.
+bool activation_view(const int64_t sh[5], const int64_t s[5], Lowering l, int64_t& ld) {
+  const int64_t sp = sh[2] * sh[3] * sh[4];
+  if (l == kCols) {
+    if (!compact(sh, s, {2, 3, 4}, 1)) return false;
+    ld = sh[1] == 1 ? sp : s[1];
+    return ld >= sp && ld <= INT_MAX;
+  }
+  if (sh[1] != 1 && s[1] != 1) return false;
+  ld = sh[1];
+  for (int d : {4, 3, 2, 0})
+    if (sh[d] != 1) {
+      ld = s[d];
+      break;
+    }
+  return ld >= sh[1] && ld <= INT_MAX && compact(sh, s, {0, 2, 3, 4}, ld);
+}
+
+// ------------------------------------------------------------------------------------------
+// Problem checks (what the ABI promises callers is verified before any work)
+
+void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim) {
+  if (!fdnn_shim::has_tensor(t) || t->ndim != ndim)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s must have %d dimensions", name, ndim);
+  if (t->device.device_type != FDNN_DEVICE_CPU)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s is not on the CPU", name);
+  if (t->shape == nullptr || t->strides == nullptr)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has NULL shape or strides", name);
+  for (int i = 0; i < ndim; ++i)
+    if (t->shape[i] < 1) fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has an empty dimension", name);
+}
+
+void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
+  const int n = a.spatial_rank;
+  if (a.op != FDNN_CONV_FORWARD && a.op != FDNN_CONV_BACKWARD_DATA &&
+      a.op != FDNN_CONV_BACKWARD_WEIGHT)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "unknown op %d", static_cast<int>(a.op));
+  if (n < 1 || n > FDNN_MAX_SPATIAL_DIMS)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "spatial_rank %d is not 1, 2 or 3", n);
+  check_tensor(a.x, "x", n + 2);
+  check_tensor(a.w, "w", n + 2);
+  check_tensor(a.y, "y", n + 2);
+  const Dt dt = dt_of(a.x->dtype);
+  if (dt == kNone)
+    fail(FDNN_ERROR_UNSUPPORTED,
+         "the OpenBLAS shim computes float64 and float32 natively and float16 and bfloat16 "
+         "through float32, not %s",
+         fdnn_shim::dtype_name(a.x->dtype));
+  for (const FDNN_DLTensor* t : {a.w, a.y})
+    if (dt_of(t->dtype) != dt) fail(FDNN_ERROR_INVALID_ARGUMENT, "x, w and y dtypes differ");
+  if (a.compute_type.bits != 0 || a.compute_type.code != 0) {
+    const bool ok = a.compute_type.code == FDNN_DTYPE_FLOAT &&
+                    a.compute_type.bits == (dt == kF64 ? 64 : 32);
+    if (!ok)
+      fail(FDNN_ERROR_UNSUPPORTED, "the OpenBLAS shim accumulates %s in %s only",
+           fdnn_shim::dtype_name(a.x->dtype), dt == kF64 ? "float64" : "float32");
+  }
+  const int64_t g = a.groups;
+  const int64_t N = a.x->shape[0], C = a.x->shape[1], K = a.w->shape[0];
+  if (g < 1 || C % g != 0 || K % g != 0 || a.w->shape[1] * g != C)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "channels do not fit groups: %s",
+         fdnn_shim::describe_problem(a).c_str());
+  if (a.y->shape[0] != N || a.y->shape[1] != K)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "y must be (N, K, ...): %s",
+         fdnn_shim::describe_problem(a).c_str());
+  for (int i = 0; i < n; ++i) {
+    const int64_t k = a.w->shape[2 + i], extent = a.dilation[i] * (k - 1) + 1;
+    const int64_t padded = a.x->shape[2 + i] + a.padding_lo[i] + a.padding_hi[i];
+    if (a.stride[i] < 1 || a.dilation[i] < 1 || a.padding_lo[i] < 0 || a.padding_hi[i] < 0 ||
+        padded < extent || (padded - extent) / a.stride[i] + 1 != a.y->shape[2 + i])
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "inconsistent spatial dim %d: %s", i,
+           fdnn_shim::describe_problem(a).c_str());
+  }
+  if (fdnn_shim::has_tensor(a.bias)) {
+    if (a.op == FDNN_CONV_BACKWARD_DATA)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "backward_data takes no bias");
+    if (a.bias->ndim != 1 || a.bias->shape == nullptr || a.bias->strides == nullptr ||
+        a.bias->shape[0] != K || dt_of(a.bias->dtype) != dt ||
+        a.bias->device.device_type != FDNN_DEVICE_CPU)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "bias must be (K,) = (%lld,) of the input dtype",
+           static_cast<long long>(K));
+  }
+  if (a.activation < FDNN_ACTIVATION_NONE || a.activation > FDNN_ACTIVATION_SILU)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "unknown activation %d", static_cast<int>(a.activation));
+  if (a.activation != FDNN_ACTIVATION_NONE && a.op != FDNN_CONV_FORWARD)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "an activation is fused into forward only");
+  if (a.algo_policy < FDNN_ALGO_HEURISTIC || a.algo_policy > FDNN_ALGO_GIVEN)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "unknown algo_policy %d", static_cast<int>(a.algo_policy));
+  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 3))
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "algo_id %lld is not an OpenBLAS shim algorithm (0 heuristic, 1 rows, 2 cols per "
+         "image, 3 cols over the batch)",
+         static_cast<long long>(a.algo_id));
+}
+
+// Heuristic lowering: channels-last output (channel stride 1) -> rows over the batch; else
+// cols, per image (GEMMs on the caller's arrays) for pointwise convolutions, one image or
+// large images, and over the batch otherwise (few large GEMMs beat many small ones, at the
+// cost of copying y once).
+Lowering heuristic_lowering(const FDNN_Conv_Plan_Create_Args& a) {
+  const FDNN_DLTensor* y = a.y;
+  if (y->shape[1] > 1 && y->strides[1] == 1) return kRows;
+  int64_t osp = 1;
+  bool pointwise = true;
+  for (int i = 2; i < y->ndim; ++i) {
+    osp *= y->shape[i];
+    pointwise = pointwise && a.w->shape[i] == 1 && a.stride[i - 2] == 1 && a.padding_lo[i - 2] == 0 &&
+                a.padding_hi[i - 2] == 0;
+  }
+  if (osp == 1) return kRows;
+  if (pointwise || y->shape[0] == 1 || osp >= 4096) return kCols;
+  return kColsBatch;
+}
+
+const char* dt_label(Dt dt) {
+  return dt == kF64 ? "float64" : dt == kF32 ? "float32" : dt == kF16 ? "float16->float32"
+                                                                       : "bfloat16->float32";
+}
+
+Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
+  Plan p;
+  p.op = a.op;
+  p.dt = dt_of(a.x->dtype);
+  p.algo_id = l;
+  p.span_images = l == kColsBatch;
+  if (l == kColsBatch) l = kCols;
+  p.lowering = l;
+  const int rank = a.spatial_rank;
+  int64_t xsh[5], wsh[5], ysh[5];
+  pad5(a.x, rank, xsh, p.xs);
+  pad5(a.w, rank, wsh, p.ws);
+  pad5(a.y, rank, ysh, p.ys);
+  p.N = xsh[0];
+  p.C = xsh[1];
+  p.K = wsh[0];
+  p.G = a.groups;
+  p.Cg = p.C / p.G;
+  p.Kg = p.K / p.G;
+  for (int i = 0; i < 3; ++i) {
+    const int j = i - (3 - rank);
+    p.in[i] = xsh[2 + i];
+    p.out[i] = ysh[2 + i];
+    p.ks[i] = wsh[2 + i];
+    p.st[i] = j >= 0 ? a.stride[j] : 1;
+    p.dil[i] = j >= 0 ? a.dilation[j] : 1;
+    p.lo[i] = j >= 0 ? a.padding_lo[j] : 0;
+  }
+  p.has_bias = fdnn_shim::has_tensor(a.bias) && a.op != FDNN_CONV_BACKWARD_DATA;
+  p.bs = p.has_bias ? a.bias->strides[0] : 0;
+  p.kvol = p.ks[0] * p.ks[1] * p.ks[2];
+  p.R = p.Cg * p.kvol;
+  p.OSP = p.out[0] * p.out[1] * p.out[2];
+  p.ISP = p.in[0] * p.in[1] * p.in[2];
+  p.M = p.N * p.OSP;
+  p.alpha = a.alpha;
+  p.beta = a.beta;
+  p.act = a.activation;
+  p.act_a = a.activation_alpha;
+  p.act_b = a.activation_beta;
+  if (p.R > INT_MAX || p.K > INT_MAX || p.OSP > INT_MAX)
+    fail(FDNN_ERROR_UNSUPPORTED, "a GEMM dimension exceeds OpenBLAS's 32-bit indices: %s",
+         fdnn_shim::describe_problem(a).c_str());
+
+  const bool native = p.dt == kF64 || p.dt == kF32;
+  bool pointwise = true;
+  for (int i = 0; i < 3; ++i)
+    pointwise = pointwise && p.ks[i] == 1 && p.st[i] == 1 && p.lo[i] == 0 && p.in[i] == p.out[i];
+  int64_t ldx = 0, ldy = 0;
+  const bool x_view = native && !p.span_images && activation_view(xsh, p.xs, l, ldx);
+  const bool y_view = native && !p.span_images && activation_view(ysh, p.ys, l, ldy);
+  p.ldx = ldx;
+  p.ldy = ldy;
+  if (l == kCols)
+    p.w_direct = native && compact(wsh, p.ws, {1, 2, 3, 4}, 1);
+  else
+    p.w_direct = native && compact(wsh, p.ws, {2, 3, 4, 1}, 1);
+  p.ldw = p.K == 1 ? p.R : p.ws[0];
+  if (p.ldw < p.R || p.ldw > INT_MAX) p.w_direct = false;
+  if (!p.w_direct) p.ldw = p.R;
+  switch (a.op) {
+    case FDNN_CONV_FORWARD:
+      p.x_direct = pointwise && x_view;
+      p.y_direct = y_view && !(p.act != FDNN_ACTIVATION_NONE && p.beta != 0.f);
+      break;
+    case FDNN_CONV_BACKWARD_DATA:
+      p.dx_gemm = pointwise && x_view;
+      p.y_direct = y_view;
+      break;
+    case FDNN_CONV_BACKWARD_WEIGHT:
+      p.x_direct = pointwise && x_view;
+      p.y_direct = y_view;
+      break;
+  }
+
+  // Workspace: fixed parts, then chunked buffers per output position.
+  const size_t es = elem_size(p.dt);
+  const bool need_col = a.op == FDNN_CONV_BACKWARD_DATA ? !p.dx_gemm : !p.x_direct;
+  const bool need_y = !p.y_direct;
+  const bool need_acc = a.op == FDNN_CONV_BACKWARD_DATA && !p.dx_gemm && !native;
+  size_t fixed = 0;
+  p.off_w = fixed;
+  if (!p.w_direct) fixed += align64(static_cast<size_t>(p.K * p.R) * es);
+  p.off_bias = fixed;
+  if (p.has_bias && a.op == FDNN_CONV_FORWARD) fixed += align64(static_cast<size_t>(p.K) * es);
+  p.off_acc = fixed;
+  if (need_acc) fixed += align64(static_cast<size_t>(p.N * p.C * p.ISP) * es);
+  const int64_t per_unit = (need_col ? p.R : 0) + (need_y ? p.Kg : 0);
+  const int64_t total = l == kRows || p.span_images ? p.M : p.OSP;
+  int64_t chunk = total;
+  if (per_unit > 0) {
+    // Few large GEMMs: OpenBLAS wakes and joins its threads per call, which costs far more
+    // than the im2col traffic of a large buffer (chunks of 8 MiB ran 3x slower, of 2 MiB 10x,
+    // on a loaded 2-core machine). Bounded so that memory stays reasonable.
+    const size_t preferred_bytes = size_t{96} << 20;
+    chunk = std::min<int64_t>(total, std::max<int64_t>(
+                                         64, static_cast<int64_t>(preferred_bytes / (per_unit * es))));
+    if (a.workspace_limit != SIZE_MAX) {
+      auto bytes_for = [&](int64_t c) {
+        return fixed + (need_col ? align64(static_cast<size_t>(c * p.R) * es) : 0) +
+               (need_y ? align64(static_cast<size_t>(c * p.Kg) * es) : 0);
+      };
+      if (bytes_for(chunk) > a.workspace_limit) {
+        int64_t fit = a.workspace_limit > fixed + 128
+                          ? static_cast<int64_t>((a.workspace_limit - fixed - 128) / (per_unit * es))
+                          : 0;
+        while (fit > 0 && bytes_for(fit) > a.workspace_limit) --fit;
+        if (fit < 1)
+          fail(FDNN_ERROR_OUT_OF_MEMORY,
+               "the OpenBLAS shim needs at least %zu bytes of workspace, the limit is %zu: %s",
+               bytes_for(1), a.workspace_limit, fdnn_shim::describe_problem(a).c_str());
+        chunk = std::min(chunk, fit);
+      }
+    }
+    chunk = std::min<int64_t>(chunk, INT_MAX / std::max<int64_t>(1, per_unit));
+    chunk = std::max<int64_t>(chunk, 1);
+  }
+  p.chunk = chunk;
+  size_t off = fixed;
+  p.off_col = off;
+  if (need_col) off += align64(static_cast<size_t>(chunk * p.R) * es);
+  p.off_y = off;
+  if (need_y) off += align64(static_cast<size_t>(chunk * p.Kg) * es);
+  p.workspace = off;
+
+  p.name = std::string("OpenBLAS ") + (l == kRows           ? "im2col rows GEMM (channels-last)"
+                                        : p.span_images ? "im2col cols GEMM (batch)"
+                                                        : "im2col cols GEMM (per image)");
+  if (p.x_direct || p.dx_gemm) p.name += " pointwise";
+  p.name += std::string(", ") + dt_label(p.dt);
+  return p;
+}
+
+// ------------------------------------------------------------------------------------------
+// Execution
+
+template <class T>
+void activate(T* v, int64_t n, FDNN_Activation act, T a, T b) {
+  switch (act) {
+    case FDNN_ACTIVATION_NONE: return;
+    case FDNN_ACTIVATION_RELU:
+      for (int64_t i = 0; i < n; ++i) v[i] = v[i] < T(0) ? T(0) : v[i];
+      return;
+    case FDNN_ACTIVATION_LEAKY_RELU:
+      for (int64_t i = 0; i < n; ++i) v[i] = v[i] >= T(0) ? v[i] : a * v[i];
+      return;
+    case FDNN_ACTIVATION_CLIP:
+      for (int64_t i = 0; i < n; ++i) v[i] = std::min(std::max(v[i], a), b);
+      return;
+    case FDNN_ACTIVATION_SIGMOID:
+      for (int64_t i = 0; i < n; ++i) v[i] = T(1) / (T(1) + std::exp(-v[i]));
+      return;
+    case FDNN_ACTIVATION_TANH:
+      for (int64_t i = 0; i < n; ++i) v[i] = std::tanh(v[i]);
+      return;
+    case FDNN_ACTIVATION_GELU_TANH: {
+      const T c = T(0.79788456080286535587989211986876);  // sqrt(2/pi)
+      for (int64_t i = 0; i < n; ++i) {
+        const T x = v[i];
+        v[i] = T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x)));
+      }
+      return;
+    }
+    case FDNN_ACTIVATION_GELU_ERF:
+      for (int64_t i = 0; i < n; ++i)
+        v[i] = T(0.5) * v[i] * (T(1) + std::erf(v[i] * T(0.70710678118654752440084436210485)));
+      return;
+    case FDNN_ACTIVATION_SILU:
+      for (int64_t i = 0; i < n; ++i) v[i] = v[i] / (T(1) + std::exp(-v[i]));
+      return;
+  }
+}
+
+// Valid output range [o_lo, o_hi) along one dim for kernel offset k: those whose input
+// index o*s - lo + k*d lies in [0, n).
+inline void valid_range(int64_t n, int64_t out, int64_t s, int64_t lo, int64_t kd, int64_t& o_lo,
+                        int64_t& o_hi) {
+  const int64_t off = lo - kd;  // input index = o*s - off
+  o_lo = off <= 0 ? 0 : (off + s - 1) / s;
+  o_hi = n - 1 + off < 0 ? 0 : (n - 1 + off) / s + 1;
+  o_hi = std::min(o_hi, out);
+  o_lo = std::min(o_lo, o_hi);
+}
+
+template <class S, class T>
+struct Exec {
+  const Plan& p;
+  S* x;
+  S* w;
+  S* y;
+  S* bias;
+  char* ws;
+
+  T* buf(size_t off) const { return reinterpret_cast<T*>(ws + off); }
+
+  int64_t spatial_offset(int64_t q, const int64_t* s) const {
+    const int64_t ow = q % p.out[2], t = q / p.out[2];
+    return (t / p.out[1]) * s[2] + (t % p.out[1]) * s[3] + ow * s[4];
+  }
+
+  // Weights as a (K x R) row-major matrix in the lowering's column order.
+  const T* weights(int64_t& ldw) const {
+    if (p.packed_w) {
+      ldw = p.R;
+      return reinterpret_cast<const T*>(p.packed_w->data());
+    }
+    if (p.w_direct) {
+      ldw = p.ldw;
+      return reinterpret_cast<const T*>(w);
+    }
+    T* dst = buf(p.off_w);
+    pack_weights(w, dst);
+    ldw = p.R;
+    return dst;
+  }
+
+  // r index of (c, kernel offset) in the lowering's column order.
+  int64_t r_of(int64_t c, int64_t kidx) const {
+    return p.lowering == kCols ? c * p.kvol + kidx : kidx * p.Cg + c;
+  }
+
+  void pack_weights(const S* src, T* dst) const {
+    const int nt = threads_for(p.K * p.R);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t k = 0; k < p.K; ++k)
+      for (int64_t c = 0; c < p.Cg; ++c)
+        for (int64_t kd = 0; kd < p.ks[0]; ++kd)
+          for (int64_t kh = 0; kh < p.ks[1]; ++kh)
+            for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
+              const int64_t kidx = (kd * p.ks[1] + kh) * p.ks[2] + kw;
+              dst[k * p.R + r_of(c, kidx)] =
+                  widen(src[k * p.ws[0] + c * p.ws[1] + kd * p.ws[2] + kh * p.ws[3] + kw * p.ws[4]]);
+            }
+  }
+
+  // --- rows lowering: col (mc x R), row i = output position m0+i of the batch -------------
+  void im2col_rows(int64_t m0, int64_t mc, int64_t g, T* col) const {
+    const int nt = threads_for(mc * p.R);
+    const int64_t* s = p.xs;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t i = 0; i < mc; ++i) {
+      const int64_t m = m0 + i, n = m / p.OSP, q = m % p.OSP;
+      const int64_t ow = q % p.out[2], t = q / p.out[2], oh = t % p.out[1], od = t / p.out[1];
+      const S* xn = x + n * s[0] + g * p.Cg * s[1];
+      T* row = col + i * p.R;
+      for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
+        const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
+        for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
+          const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+          for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
+            const int64_t iw = ow * p.st[2] - p.lo[2] + kw * p.dil[2];
+            T* dst = row + ((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.Cg;
+            if (id < 0 || id >= p.in[0] || ih < 0 || ih >= p.in[1] || iw < 0 || iw >= p.in[2]) {
+              std::fill(dst, dst + p.Cg, T(0));
+              continue;
+            }
+            const S* src = xn + id * s[2] + ih * s[3] + iw * s[4];
+            if (std::is_same<S, T>::value && s[1] == 1)
+              std::memcpy(static_cast<void*>(dst), src, p.Cg * sizeof(T));
+            else
+              for (int64_t c = 0; c < p.Cg; ++c) dst[c] = widen(src[c * s[1]]);
+          }
+        }
+      }
+    }
+  }
+
+  // Adds col (mc x R) back into the activation-shaped target (tx strides), group g.
+  void col2im_rows(int64_t m0, int64_t mc, int64_t g, const T* col, T* target,
+                   const int64_t* tx) const {
+    const int nt = static_cast<int>(std::min<int64_t>(threads_for(mc * p.R), p.Cg));
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+      const int team = omp_get_num_threads(), me = omp_get_thread_num();
+      const int64_t c0 = p.Cg * me / team, c1 = p.Cg * (me + 1) / team;
+      for (int64_t i = 0; i < mc; ++i) {
+        const int64_t m = m0 + i, n = m / p.OSP, q = m % p.OSP;
+        const int64_t ow = q % p.out[2], t = q / p.out[2], oh = t % p.out[1], od = t / p.out[1];
+        T* xn = target + n * tx[0] + g * p.Cg * tx[1];
+        const T* row = col + i * p.R;
+        for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
+          const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
+          if (id < 0 || id >= p.in[0]) continue;
+          for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
+            const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+            if (ih < 0 || ih >= p.in[1]) continue;
+            for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
+              const int64_t iw = ow * p.st[2] - p.lo[2] + kw * p.dil[2];
+              if (iw < 0 || iw >= p.in[2]) continue;
+              const T* src = row + ((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.Cg;
+              T* dst = xn + id * tx[2] + ih * tx[3] + iw * tx[4];
+              for (int64_t c = c0; c < c1; ++c) dst[c * tx[1]] += src[c];
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // dy rows (mc x Kg) of group g gathered (and widened) into buf.
+  void pack_y_rows(int64_t m0, int64_t mc, int64_t g, T* dst) const {
+    const int nt = threads_for(mc * p.Kg);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t i = 0; i < mc; ++i) {
+      const int64_t m = m0 + i;
+      const S* src = y + (m / p.OSP) * p.ys[0] + spatial_offset(m % p.OSP, p.ys) + g * p.Kg * p.ys[1];
+      for (int64_t k = 0; k < p.Kg; ++k) dst[i * p.Kg + k] = widen(src[k * p.ys[1]]);
+    }
+  }
+
+  // Forward epilogue over O (mc x Kg, ld ldo): bias, activation, beta, rounding into y.
+  void epilogue_rows(int64_t m0, int64_t mc, int64_t g, T* O, int64_t ldo) const {
+    const bool has_act = p.act != FDNN_ACTIVATION_NONE;
+    if (p.y_direct && !p.has_bias && !has_act) return;
+    const T* b = p.has_bias ? buf(p.off_bias) + g * p.Kg : nullptr;
+    const T beta = static_cast<T>(p.beta);
+    const int nt = threads_for(mc * p.Kg);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t i = 0; i < mc; ++i) {
+      T* row = O + i * ldo;
+      if (b)
+        for (int64_t k = 0; k < p.Kg; ++k) row[k] += b[k];
+      activate<T>(row, p.Kg, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
+      if (p.y_direct) continue;
+      const int64_t m = m0 + i;
+      S* dst = y + (m / p.OSP) * p.ys[0] + spatial_offset(m % p.OSP, p.ys) + g * p.Kg * p.ys[1];
+      for (int64_t k = 0; k < p.Kg; ++k) {
+        T v = row[k];
+        if (beta != T(0)) v += beta * widen(dst[k * p.ys[1]]);
+        store(dst + k * p.ys[1], v);
+      }
+    }
+  }
+
+  // --- cols lowering: col (R x mc), column j = output position m0+j of the batch (a chunk
+  // may span images; in per-image mode it never does) --------------------------------------
+
+  // Calls f(j, n, od, oh, ow, seg) for runs of one output row: columns j..j+seg-1 of the chunk
+  // are image n, output row (od, oh), positions ow..ow+seg-1.
+  template <class F>
+  void for_segments(int64_t m0, int64_t mc, F&& f) const {
+    const int64_t plane = p.out[1] * p.out[2];
+    int64_t j = 0, q = m0;
+    while (j < mc) {
+      const int64_t n = q / p.OSP, pp = q % p.OSP;
+      const int64_t od = pp / plane, oh = (pp % plane) / p.out[2], ow = pp % p.out[2];
+      const int64_t seg = std::min(p.out[2] - ow, mc - j);
+      f(j, n, od, oh, ow, seg);
+      j += seg;
+      q += seg;
+    }
+  }
+
+  void im2col_cols(int64_t m0, int64_t mc, int64_t g, T* col) const {
+    const int nt = threads_for(mc * p.R);
+    const int64_t* s = p.xs;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t r = 0; r < p.R; ++r) {
+      const int64_t c = r / p.kvol, kidx = r % p.kvol;
+      const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
+      const S* xc = x + (g * p.Cg + c) * s[1];
+      int64_t w_lo, w_hi;
+      valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], w_lo, w_hi);
+      T* dst = col + r * mc;
+      const int64_t step = p.st[2] * s[4];
+      for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
+        const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
+        const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+        T* d = dst + j;
+        if (id < 0 || id >= p.in[0] || ih < 0 || ih >= p.in[1]) {
+          std::fill(d, d + seg, T(0));
+          return;
+        }
+        const S* src = xc + n * s[0] + id * s[2] + ih * s[3];
+        const int64_t a0 = std::clamp(w_lo, ow, ow + seg), a1 = std::clamp(w_hi, a0, ow + seg);
+        std::fill(d, d + (a0 - ow), T(0));
+        const S* sp = src + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * s[4];
+        T* dd = d + (a0 - ow);
+        if (std::is_same<S, T>::value && step == 1)
+          std::memcpy(static_cast<void*>(dd), sp, (a1 - a0) * sizeof(T));
+        else
+          for (int64_t t = 0; t < a1 - a0; ++t) dd[t] = widen(sp[t * step]);
+        std::fill(d + (a1 - ow), d + seg, T(0));
+      });
+    }
+  }
+
+  void col2im_cols(int64_t m0, int64_t mc, int64_t g, const T* col, T* target,
+                   const int64_t* tx) const {
+    const int nt = static_cast<int>(std::min<int64_t>(threads_for(mc * p.R), p.Cg));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t c = 0; c < p.Cg; ++c) {
+      T* xc = target + (g * p.Cg + c) * tx[1];
+      for (int64_t kidx = 0; kidx < p.kvol; ++kidx) {
+        const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
+        int64_t w_lo, w_hi;
+        valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], w_lo, w_hi);
+        const T* src = col + (c * p.kvol + kidx) * mc;
+        const int64_t step = p.st[2] * tx[4];
+        for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
+          const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
+          const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+          if (id < 0 || id >= p.in[0] || ih < 0 || ih >= p.in[1]) return;
+          const int64_t a0 = std::clamp(w_lo, ow, ow + seg), a1 = std::clamp(w_hi, a0, ow + seg);
+          T* dp = xc + n * tx[0] + id * tx[2] + ih * tx[3] + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * tx[4];
+          const T* sp = src + j + (a0 - ow);
+          for (int64_t t = 0; t < a1 - a0; ++t) dp[t * step] += sp[t];
+        });
+      }
+    }
+  }
+
+  const S* y_row(int64_t n, int64_t ch, int64_t od, int64_t oh, int64_t ow) const {
+    return y + n * p.ys[0] + ch * p.ys[1] + od * p.ys[2] + oh * p.ys[3] + ow * p.ys[4];
+  }
+
+  void pack_y_cols(int64_t m0, int64_t mc, int64_t g, T* dst) const {
+    const int nt = threads_for(mc * p.Kg);
+    const int64_t s4 = p.ys[4];
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t k = 0; k < p.Kg; ++k) {
+      T* row = dst + k * mc;
+      for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
+        const S* src = y_row(n, g * p.Kg + k, od, oh, ow);
+        for (int64_t t = 0; t < seg; ++t) row[j + t] = widen(src[t * s4]);
+      });
+    }
+  }
+
+  void epilogue_cols(int64_t m0, int64_t mc, int64_t g, T* O, int64_t ldo) const {
+    const bool has_act = p.act != FDNN_ACTIVATION_NONE;
+    if (p.y_direct && !p.has_bias && !has_act) return;
+    const T* b = p.has_bias ? buf(p.off_bias) + g * p.Kg : nullptr;
+    const T beta = static_cast<T>(p.beta);
+    const int nt = threads_for(mc * p.Kg);
+    const int64_t s4 = p.ys[4];
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t k = 0; k < p.Kg; ++k) {
+      T* row = O + k * ldo;
+      if (b) {
+        const T bk = b[k];
+        for (int64_t j = 0; j < mc; ++j) row[j] += bk;
+      }
+      activate<T>(row, mc, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
+      if (p.y_direct) continue;
+      for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
+        S* dst = const_cast<S*>(y_row(n, g * p.Kg + k, od, oh, ow));
+        const T* v = row + j;
+        if (beta != T(0)) {
+          for (int64_t t = 0; t < seg; ++t) store(dst + t * s4, static_cast<T>(v[t] + beta * widen(dst[t * s4])));
+        } else if (std::is_same<S, T>::value && s4 == 1) {
+          std::memcpy(static_cast<void*>(dst), v, seg * sizeof(T));
+        } else {
+          for (int64_t t = 0; t < seg; ++t) store(dst + t * s4, v[t]);
+        }
+      });
+    }
+  }
+
+  // The chunks of the cols lowering: (m0, mc) over the batch, or within each image when the
+  // plan reads or writes the caller's arrays per image.
+  template <class F>
+  void for_chunks_cols(F&& f) const {
+    if (p.span_images) {
+      for (int64_t m0 = 0; m0 < p.M; m0 += p.chunk) f(m0, std::min(p.chunk, p.M - m0));
+      return;
+    }
+    for (int64_t n = 0; n < p.N; ++n)
+      for (int64_t p0 = 0; p0 < p.OSP; p0 += p.chunk) f(n * p.OSP + p0, std::min(p.chunk, p.OSP - p0));
+  }
+
+  // --- ops ---------------------------------------------------------------------------------
+  void forward() const {
+    int64_t ldw;
+    const T* W = weights(ldw);
+    if (p.has_bias) {
+      T* b = buf(p.off_bias);
+      for (int64_t k = 0; k < p.K; ++k) b[k] = static_cast<T>(p.alpha) * widen(bias[k * p.bs]);
+    }
+    const T alpha = static_cast<T>(p.alpha), beta = p.y_direct ? static_cast<T>(p.beta) : T(0);
+    T* col = buf(p.off_col);
+    T* ybuf = buf(p.off_y);
+    if (p.lowering == kRows) {
+      for (int64_t m0 = 0; m0 < p.M; m0 += p.chunk) {
+        const int64_t mc = std::min(p.chunk, p.M - m0);
+        for (int64_t g = 0; g < p.G; ++g) {
+          const T* A = col;
+          int64_t lda = p.R;
+          if (p.x_direct) {
+            A = reinterpret_cast<const T*>(x) + m0 * p.ldx + g * p.Cg;
+            lda = p.ldx;
+          } else {
+            im2col_rows(m0, mc, g, col);
+          }
+          T* O = ybuf;
+          int64_t ldo = p.Kg;
+          if (p.y_direct) {
+            O = reinterpret_cast<T*>(y) + m0 * p.ldy + g * p.Kg;
+            ldo = p.ldy;
+          }
+          gemm(false, true, mc, p.Kg, p.R, alpha, A, lda, W + g * p.Kg * ldw, ldw, beta, O, ldo);
+          epilogue_rows(m0, mc, g, O, ldo);
+        }
+      }
+      return;
+    }
+    for_chunks_cols([&](int64_t m0, int64_t mc) {
+      const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
+      for (int64_t g = 0; g < p.G; ++g) {
+        const T* B = col;
+        int64_t ldb = mc;
+        if (p.x_direct) {
+          B = reinterpret_cast<const T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
+          ldb = p.ldx;
+        } else {
+          im2col_cols(m0, mc, g, col);
+        }
+        T* O = ybuf;
+        int64_t ldo = mc;
+        if (p.y_direct) {
+          O = reinterpret_cast<T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
+          ldo = p.ldy;
+        }
+        gemm(false, false, p.Kg, mc, p.R, alpha, W + g * p.Kg * ldw, ldw, B, ldb, beta, O, ldo);
+        epilogue_cols(m0, mc, g, O, ldo);
+      }
+    });
+  }
+
+  // Scales (beta) or zeroes every element of an activation-shaped array in place.
+  void scale_x(S* t, const int64_t* s, T beta) const {
+    const int nt = threads_for(p.N * p.C * p.ISP);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t nc = 0; nc < p.N * p.C; ++nc) {
+      S* base = t + (nc / p.C) * s[0] + (nc % p.C) * s[1];
+      for (int64_t d = 0; d < p.in[0]; ++d)
+        for (int64_t h = 0; h < p.in[1]; ++h) {
+          S* r = base + d * s[2] + h * s[3];
+          for (int64_t i = 0; i < p.in[2]; ++i)
+            store(r + i * s[4], beta == T(0) ? T(0) : static_cast<T>(beta * widen(r[i * s[4]])));
+        }
+    }
+  }
+
+  void backward_data() const {
+    int64_t ldw;
+    const T* W = weights(ldw);
+    const T alpha = static_cast<T>(p.alpha);
+    T* col = buf(p.off_col);
+    T* ybuf = buf(p.off_y);
+    // The col2im target: dx itself (native dtypes) or a float32 accumulator.
+    T* target = nullptr;
+    int64_t tx[5];
+    const bool native = std::is_same<S, T>::value;
+    if (!p.dx_gemm) {
+      if (native) {
+        target = reinterpret_cast<T*>(x);
+        std::copy(p.xs, p.xs + 5, tx);
+        scale_x(x, p.xs, static_cast<T>(p.beta));
+      } else {
+        target = buf(p.off_acc);
+        if (p.lowering == kRows) {  // dense N, D, H, W, C
+          tx[1] = 1, tx[4] = p.C, tx[3] = p.C * p.in[2], tx[2] = tx[3] * p.in[1], tx[0] = tx[2] * p.in[0];
+        } else {  // dense N, C, D, H, W
+          tx[4] = 1, tx[3] = p.in[2], tx[2] = p.in[1] * p.in[2], tx[1] = p.ISP, tx[0] = p.C * p.ISP;
+        }
+        std::memset(static_cast<void*>(target), 0, static_cast<size_t>(p.N * p.C * p.ISP) * sizeof(T));
+      }
+    }
+    const T beta = static_cast<T>(p.beta);
+    if (p.lowering == kRows) {
+      for (int64_t m0 = 0; m0 < p.M; m0 += p.chunk) {
+        const int64_t mc = std::min(p.chunk, p.M - m0);
+        for (int64_t g = 0; g < p.G; ++g) {
+          const T* dY = ybuf;
+          int64_t ldy = p.Kg;
+          if (p.y_direct) {
+            dY = reinterpret_cast<const T*>(y) + m0 * p.ldy + g * p.Kg;
+            ldy = p.ldy;
+          } else {
+            pack_y_rows(m0, mc, g, ybuf);
+          }
+          if (p.dx_gemm) {
+            gemm(false, false, mc, p.Cg, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, beta,
+                 reinterpret_cast<T*>(x) + m0 * p.ldx + g * p.Cg, p.ldx);
+          } else {
+            gemm(false, false, mc, p.R, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, T(0), col, p.R);
+            col2im_rows(m0, mc, g, col, target, tx);
+          }
+        }
+      }
+    } else {
+      for_chunks_cols([&](int64_t m0, int64_t mc) {
+        const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
+        for (int64_t g = 0; g < p.G; ++g) {
+          const T* dY = ybuf;
+          int64_t ldy = mc;
+          if (p.y_direct) {
+            dY = reinterpret_cast<const T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
+            ldy = p.ldy;
+          } else {
+            pack_y_cols(m0, mc, g, ybuf);
+          }
+          if (p.dx_gemm) {
+            gemm(true, false, p.Cg, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, beta,
+                 reinterpret_cast<T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0, p.ldx);
+          } else {
+            gemm(true, false, p.R, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, T(0), col, mc);
+            col2im_cols(m0, mc, g, col, target, tx);
+          }
+        }
+      });
+    }
+    if (!p.dx_gemm && !native) {  // round the accumulator once into dx
+      const int nt = threads_for(p.N * p.C * p.ISP);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t nc = 0; nc < p.N * p.C; ++nc) {
+        const int64_t n = nc / p.C, c = nc % p.C;
+        for (int64_t d = 0; d < p.in[0]; ++d)
+          for (int64_t h = 0; h < p.in[1]; ++h)
+            for (int64_t i = 0; i < p.in[2]; ++i) {
+              S* e = x + n * p.xs[0] + c * p.xs[1] + d * p.xs[2] + h * p.xs[3] + i * p.xs[4];
+              T v = target[n * tx[0] + c * tx[1] + d * tx[2] + h * tx[3] + i * tx[4]];
+              if (beta != T(0)) v += beta * widen(*e);
+              store(e, v);
+            }
+      }
+    }
+  }
+
+  void backward_weight() const {
+    const T alpha = static_cast<T>(p.alpha), beta = static_cast<T>(p.beta);
+    T* dW = p.w_direct ? reinterpret_cast<T*>(w) : buf(p.off_w);
+    const int64_t ldw = p.w_direct ? p.ldw : p.R;
+    const T beta0 = p.w_direct ? beta : T(0);
+    T* col = buf(p.off_col);
+    T* ybuf = buf(p.off_y);
+    if (p.lowering == kRows) {
+      for (int64_t m0 = 0; m0 < p.M; m0 += p.chunk) {
+        const int64_t mc = std::min(p.chunk, p.M - m0);
+        for (int64_t g = 0; g < p.G; ++g) {
+          const T* A = col;
+          int64_t lda = p.R;
+          if (p.x_direct) {
+            A = reinterpret_cast<const T*>(x) + m0 * p.ldx + g * p.Cg;
+            lda = p.ldx;
+          } else {
+            im2col_rows(m0, mc, g, col);
+          }
+          const T* dY = ybuf;
+          int64_t ldy = p.Kg;
+          if (p.y_direct) {
+            dY = reinterpret_cast<const T*>(y) + m0 * p.ldy + g * p.Kg;
+            ldy = p.ldy;
+          } else {
+            pack_y_rows(m0, mc, g, ybuf);
+          }
+          gemm(true, false, p.Kg, p.R, mc, alpha, dY, ldy, A, lda, m0 == 0 ? beta0 : T(1),
+               dW + g * p.Kg * ldw, ldw);
+        }
+      }
+    } else {
+      for_chunks_cols([&](int64_t m0, int64_t mc) {
+        const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
+        for (int64_t g = 0; g < p.G; ++g) {
+          const T* B = col;
+          int64_t ldb = mc;
+          if (p.x_direct) {
+            B = reinterpret_cast<const T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
+            ldb = p.ldx;
+          } else {
+            im2col_cols(m0, mc, g, col);
+          }
+          const T* dY = ybuf;
+          int64_t ldy = mc;
+          if (p.y_direct) {
+            dY = reinterpret_cast<const T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
+            ldy = p.ldy;
+          } else {
+            pack_y_cols(m0, mc, g, ybuf);
+          }
+          gemm(false, true, p.Kg, p.R, mc, alpha, dY, ldy, B, ldb, m0 == 0 ? beta0 : T(1),
+               dW + g * p.Kg * ldw, ldw);
+        }
+      });
+    }
+    if (!p.w_direct) {  // dW buffer -> w in its layout, with beta, rounded once
+      const int nt = threads_for(p.K * p.R);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t k = 0; k < p.K; ++k)
+        for (int64_t c = 0; c < p.Cg; ++c)
+          for (int64_t kidx = 0; kidx < p.kvol; ++kidx) {
+            const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1],
+                          kd = kidx / (p.ks[2] * p.ks[1]);
+            S* e = w + k * p.ws[0] + c * p.ws[1] + kd * p.ws[2] + kh * p.ws[3] + kw * p.ws[4];
+            T v = dW[k * p.R + r_of(c, kidx)];
+            if (beta != T(0)) v += beta * widen(*e);
+            store(e, v);
+          }
+    }
+    if (p.has_bias) {  // db = alpha * sum of dy over N and space + beta * db
+      const int nt = threads_for(p.M * p.K);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t k = 0; k < p.K; ++k) {
+        double sum = 0;
+        for (int64_t n = 0; n < p.N; ++n) {
+          const S* base = y + n * p.ys[0] + k * p.ys[1];
+          for (int64_t od = 0; od < p.out[0]; ++od)
+            for (int64_t oh = 0; oh < p.out[1]; ++oh) {
+              const S* r = base + od * p.ys[2] + oh * p.ys[3];
+              for (int64_t ow = 0; ow < p.out[2]; ++ow) sum += widen(r[ow * p.ys[4]]);
+            }
+        }
+        S* e = bias + k * p.bs;
+        T v = static_cast<T>(alpha * static_cast<T>(sum));
+        if (beta != T(0)) v += beta * widen(*e);
+        store(e, v);
+      }
+    }
+  }
+
+  void run() const {
+    switch (p.op) {
+      case FDNN_CONV_FORWARD: forward(); break;
+      case FDNN_CONV_BACKWARD_DATA: backward_data(); break;
+      case FDNN_CONV_BACKWARD_WEIGHT: backward_weight(); break;
+    }
+  }
+};
+
+void execute_plan(const Plan& plan, void* const ptr[4], char* workspace) {
+  switch (plan.dt) {
+    case kF64:
+      Exec<double, double>{plan, static_cast<double*>(ptr[0]), static_cast<double*>(ptr[1]),
+                           static_cast<double*>(ptr[2]), static_cast<double*>(ptr[3]), workspace}
+          .run();
+      break;
+    case kF32:
+      Exec<float, float>{plan, static_cast<float*>(ptr[0]), static_cast<float*>(ptr[1]),
+                         static_cast<float*>(ptr[2]), static_cast<float*>(ptr[3]), workspace}
+          .run();
+      break;
+    case kF16:
+      Exec<Half, float>{plan, static_cast<Half*>(ptr[0]), static_cast<Half*>(ptr[1]),
+                        static_cast<Half*>(ptr[2]), static_cast<Half*>(ptr[3]), workspace}
+          .run();
+      break;
+    case kBF16:
+      Exec<BF16, float>{plan, static_cast<BF16*>(ptr[0]), static_cast<BF16*>(ptr[1]),
+                        static_cast<BF16*>(ptr[2]), static_cast<BF16*>(ptr[3]), workspace}
+          .run();
+      break;
+    case kNone: fail(FDNN_ERROR_INTERNAL, "plan without a dtype");
+  }
+}
+
+// Packs the weights of a FORWARD plan into plan-owned memory in the GEMM's layout.
+void pack_into(Plan& plan, const void* w) {
+  const size_t es = elem_size(plan.dt);
+  auto bytes = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(plan.K * plan.R) * es);
+  void* dst = bytes->data();
+  switch (plan.dt) {
+    case kF64: Exec<double, double>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const double*>(w), static_cast<double*>(dst)); break;
+    case kF32: Exec<float, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const float*>(w), static_cast<float*>(dst)); break;
+    case kF16: Exec<Half, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const Half*>(w), static_cast<float*>(dst)); break;
+    case kBF16: Exec<BF16, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const BF16*>(w), static_cast<float*>(dst)); break;
+    case kNone: fail(FDNN_ERROR_INTERNAL, "plan without a dtype");
+  }
+  plan.packed_w = std::move(bytes);
+  plan.w_direct = false;
+}
+
+// Times a plan on zero-filled buffers (benchmark policy).
+double time_plan(const Plan& plan, const FDNN_Conv_Plan_Create_Args& a) {
+  auto bytes_of = [](const FDNN_DLTensor* t) {
+    if (!fdnn_shim::has_tensor(t)) return size_t{0};
+    size_t span = 1;
+    for (int i = 0; i < t->ndim; ++i) span += static_cast<size_t>(t->shape[i] - 1) * t->strides[i];
+    return span * t->dtype.bits / 8;
+  };
+  std::vector<std::vector<double>> buffers;
+  void* pointers[4];
+  const FDNN_DLTensor* tensors[4] = {a.x, a.w, a.y, a.bias};
+  for (int i = 0; i < 4; ++i) {
+    buffers.emplace_back(std::max<size_t>(bytes_of(tensors[i]), 64) / 8 + 1, 0.0);
+    pointers[i] = buffers.back().data();
+  }
+  std::vector<double> workspace(plan.workspace / 8 + 8);
+  using clock = std::chrono::steady_clock;
+  execute_plan(plan, pointers, reinterpret_cast<char*>(workspace.data()));  // warm up
+  double best = 1e30;
+  for (int run = 0; run < 2; ++run) {
+    auto t0 = clock::now();
+    execute_plan(plan, pointers, reinterpret_cast<char*>(workspace.data()));
+    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+  }
+  return best;
+}
+
+// ------------------------------------------------------------------------------------------
+// The ABI table
+
+std::string trim(std::string s) {
+  const size_t b = s.find_first_not_of(' '), e = s.find_last_not_of(' ');
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+const std::string& built_version() {
+  static const std::string v = [] {
+    std::string s = trim(OPENBLAS_VERSION);  // " OpenBLAS 0.3.x "
+    const size_t sp = s.rfind(' ');
+    return sp == std::string::npos ? s : s.substr(sp + 1);
+  }();
+  return v;
+}
+
+const std::string& runtime_version() {
+  static const std::string v = [] {
+    const char* cfg = scipy_openblas_get_config();  // "OpenBLAS 0.3.x DYNAMIC_ARCH ..."
+    std::string s = cfg ? cfg : "";
+    if (s.rfind("OpenBLAS ", 0) == 0) s = s.substr(9);
+    return s.substr(0, s.find(' '));
+  }();
+  return v;
+}
+
+const std::string& device_name() {
+  static const std::string v = [] {
+    const char* core = scipy_openblas_get_corename();
+    return std::string("CPU, OpenBLAS ") + (core ? core : "unknown core");
+  }();
+  return v;
+}
+
+FDNN_Error* shim_info(FDNN_Shim_Info_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Shim_Info_Args_STRUCT_SIZE, "Shim_Info");
+    args->shim_name = "blas";
+    args->vendor_name = "OpenBLAS";
+    args->vendor_version_built = built_version().c_str();
+    args->vendor_version_runtime = runtime_version().c_str();
+    args->device_type = FDNN_DEVICE_CPU;
+    args->num_devices = 1;
+    args->unavailable_reason = nullptr;
+  });
+}
+
+FDNN_Error* device_describe(FDNN_Device_Describe_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Device_Describe_Args_STRUCT_SIZE, "Device_Describe");
+    if (args->device_id != 0)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "the OpenBLAS shim has one device (0), not %d",
+           args->device_id);
+    args->name = device_name().c_str();
+  });
+}
+
+FDNN_Error* dtype_support(FDNN_Conv_Dtype_Support_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Dtype_Support_Args_STRUCT_SIZE,
+                                 "Conv_Dtype_Support");
+    if (args->device_id != 0)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "the OpenBLAS shim has one device (0), not %d",
+           args->device_id);
+    switch (dt_of(args->dtype)) {
+      case kF64:
+        args->support = FDNN_DTYPE_SUPPORT_NATIVE;
+        args->detail = "float64 GEMM (dgemm)";
+        break;
+      case kF32:
+        args->support = FDNN_DTYPE_SUPPORT_NATIVE;
+        args->detail = "float32 GEMM (sgemm)";
+        break;
+      case kF16:
+      case kBF16:
+        args->support = FDNN_DTYPE_SUPPORT_CONVERTED;
+        args->detail = "float32 GEMM, one rounding";
+        break;
+      case kNone:
+        args->support = FDNN_DTYPE_SUPPORT_NONE;
+        args->detail = "OpenBLAS convolutions take float64, float32, float16 and bfloat16 only";
+        break;
+    }
+  });
+}
+
+FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE, "Conv_Plan_Create");
+    const FDNN_Conv_Plan_Create_Args& a = *args;
+    check_problem(a);
+    Plan plan;
+    if (a.algo_policy == FDNN_ALGO_GIVEN && a.algo_id != kHeuristic) {
+      plan = make_plan(a, static_cast<Lowering>(a.algo_id));
+    } else if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
+      double best = 0;
+      bool have = false;
+      for (Lowering l : {kRows, kCols, kColsBatch}) {
+        Plan candidate;
+        try {
+          candidate = make_plan(a, l);
+        } catch (const fdnn_shim::Failure& f) {
+          if (f.code() != FDNN_ERROR_OUT_OF_MEMORY) throw;
+          continue;
+        }
+        const double t = time_plan(candidate, a);
+        if (!have || t < best) {
+          best = t;
+          plan = std::move(candidate);
+          have = true;
+        }
+      }
+      if (!have) plan = make_plan(a, heuristic_lowering(a));  // reports the shortage
+    } else {
+      plan = make_plan(a, heuristic_lowering(a));
+    }
+    auto* owned = new Plan(std::move(plan));
+    args->plan = reinterpret_cast<FDNN_Plan*>(owned);
+    args->workspace_size = owned->workspace;
+    args->chosen_algo_id = owned->algo_id;
+    args->algo_name = owned->name.c_str();
+  });
+}
+
+FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE, "Conv_Plan_Execute");
+    if (args->plan == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "plan is NULL");
+    const Plan& plan = *reinterpret_cast<const Plan*>(args->plan);
+    if (args->workspace_size < plan.workspace || (plan.workspace > 0 && args->workspace == nullptr))
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "workspace of %zu bytes is smaller than the %zu needed",
+           args->workspace_size, plan.workspace);
+    void* const pointers[4] = {args->x, args->w, args->y, args->bias};
+    const bool need[4] = {true, !plan.packed_w, true, plan.has_bias};
+    for (int i = 0; i < 4; ++i)
+      if (need[i] && pointers[i] == nullptr)
+        fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs (%s) is NULL",
+             i == 0 ? "x" : i == 1 ? "w" : i == 2 ? "y" : "bias");
+    execute_plan(plan, pointers, static_cast<char*>(args->workspace));
+  });
+}
+
+FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
+  return fdnn_shim::guarded([&] {
+    fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE,
+                                 "Conv_Plan_Pack_Weights");
+    if (args->plan == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "plan is NULL");
+    if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "w is NULL");
+    const Plan& source = *reinterpret_cast<const Plan*>(args->plan);
+    if (source.op != FDNN_CONV_FORWARD)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "only a forward plan packs its weights");
+    auto packed = std::make_unique<Plan>(source);
+    pack_into(*packed, args->w);
+    packed->name += " [packed weights]";
+    args->workspace_size = packed->workspace;
+    args->packed_plan = reinterpret_cast<FDNN_Plan*>(packed.release());
+  });
+}
+
+void plan_destroy(FDNN_Plan_Destroy_Args* args) {
+  if (args != nullptr) delete reinterpret_cast<Plan*>(args->plan);
+}
+
+const FDNN_Api kApi = {
+    FDNN_Api_STRUCT_SIZE,
+    FDNN_ABI_MAJOR,
+    FDNN_ABI_MINOR,
+    fdnn_shim::error_destroy,
+    fdnn_shim::error_describe,
+    shim_info,
+    device_describe,
+    plan_create,
+    plan_execute,
+    plan_destroy,
+    plan_pack_weights,
+    dtype_support,
+};
+
+}  // namespace
+
+extern "C" FDNN_EXPORT const FDNN_Api* fdnn_get_api(void) { return &kApi; }

@@ -1,0 +1,557 @@
+"""The CBLAS (OpenBLAS) CPU shim driven directly through its C table with ctypes: every op,
+dtype (float64, float32 natively; float16, bfloat16 through float32), rank, group and layout
+against the float64 reference, with NaN-poisoned outputs so unwritten elements show.
+
+The library is found through FLUX_DNN_BLAS_SHIM, else next to the installed flux_dnn package."""
+
+from __future__ import annotations
+
+import ctypes as C
+import importlib.util
+import math
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+import fdnn_ctypes as F
+import reference as ref
+
+FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT = 0, 1, 2
+ACTIVATIONS = {"relu": 1, "leaky_relu": 2, "clip": 3, "sigmoid": 4, "tanh": 5, "gelu_tanh": 6,
+               "gelu_erf": 7, "silu": 8}
+DTYPE_CODES = {"float64": (2, 64), "float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16)}
+STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+RTOL = {"float64": 1e-12, "float32": 2e-4, "float16": 2e-3, "bfloat16": 1e-2}
+DTYPES = tuple(DTYPE_CODES)
+
+
+def _library_path():
+    env = os.environ.get("FLUX_DNN_BLAS_SHIM")
+    if env:
+        return pathlib.Path(env)
+    spec = importlib.util.find_spec("flux_dnn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return pathlib.Path(list(spec.submodule_search_locations)[0]) / "libflux_dnn_blas.so"
+
+
+@pytest.fixture(scope="module")
+def shim():
+    path = _library_path()
+    if path is None or not path.exists():
+        pytest.skip(f"the OpenBLAS shim library is not built/installed (looked for {path}; set FLUX_DNN_BLAS_SHIM)")
+    try:  # as flux_dnn._blas does: OpenBLAS by path from its wheel
+        import scipy_openblas32
+        C.CDLL(str(pathlib.Path(scipy_openblas32.get_lib_dir()) / "libscipy_openblas.so"), mode=C.RTLD_GLOBAL)
+    except (ImportError, OSError):
+        pass
+    return F.Shim(str(path))
+
+
+class ExecuteArgs(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("plan", C.c_void_p), ("x", C.c_void_p), ("w", C.c_void_p),
+                ("y", C.c_void_p), ("bias", C.c_void_p), ("workspace", C.c_void_p),
+                ("workspace_size", C.c_size_t), ("stream", C.c_void_p)]
+
+
+class PackArgs(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("plan", C.c_void_p), ("w", C.c_void_p), ("stream", C.c_void_p),
+                ("packed_plan", C.c_void_p), ("workspace_size", C.c_size_t)]
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16 as uint16 bits
+
+
+def to_bf16(a):
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return r
+
+
+def from_bf16(b):
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def store_as(a, dtype):
+    return to_bf16(a) if dtype == "bfloat16" else np.asarray(a).astype(STORAGE[dtype])
+
+
+def values(a, dtype):
+    return from_bf16(a).astype(np.float64) if dtype == "bfloat16" else np.asarray(a, dtype=np.float64)
+
+
+def random_input(rng, shape, dtype):
+    """float64/float32: normal; 16-bit: a grid of quarters in [-1, 1] (exact in every dtype, so
+    the float32 computation is exact and only the output rounding differs)."""
+    if dtype in ("float16", "bfloat16"):
+        return rng.integers(-4, 5, size=shape) / 4.0
+    return rng.standard_normal(shape)
+
+
+def layout(a, kind):
+    """A copy of a (already in storage dtype) in a memory layout: 'dense', 'cl' (channels-last)
+    or 'strided' (every other element of a larger buffer in the last dim)."""
+    if kind == "dense":
+        return np.ascontiguousarray(a)
+    if kind == "cl":
+        return ref.channels_last(a)
+    big = np.zeros(a.shape[:-1] + (a.shape[-1] * 2 + 1,), dtype=a.dtype)
+    view = big[..., 1::2]
+    view[...] = a
+    return view
+
+
+# ---------------------------------------------------------------------------------------------
+# Calling the shim
+
+
+def descriptor(a, dtype, keep):
+    if a is None:
+        return F.DLTensor(ndim=0)
+    shape = (C.c_int64 * a.ndim)(*a.shape)
+    strides = (C.c_int64 * a.ndim)(*[s // a.itemsize for s in a.strides])
+    keep += [shape, strides]
+    code, bits = DTYPE_CODES[dtype]
+    return F.DLTensor(data=a.ctypes.data, device=F.DLDevice(1, 0), ndim=a.ndim,
+                      dtype=F.DLDataType(code, bits, 1), shape=shape, strides=strides, byte_offset=0)
+
+
+def plan_args(op, x, w, y, bias, dtype, *, stride, dilation, lo, hi, groups, alpha=1.0, beta=0.0,
+              act=0, act_a=0.0, act_b=0.0, limit=None, policy=0, algo_id=0):
+    keep = []
+    tx, tw, ty, tb = (descriptor(a, dtype, keep) for a in (x, w, y, bias))
+    keep += [tx, tw, ty, tb]
+    nd = x.ndim - 2
+    args = F.ConvPlanCreateArgs(struct_size=C.sizeof(F.ConvPlanCreateArgs), op=op, spatial_rank=nd,
+                                x=C.pointer(tx), w=C.pointer(tw), y=C.pointer(ty), bias=C.pointer(tb),
+                                groups=groups, alpha=alpha, beta=beta, activation=act,
+                                activation_alpha=act_a, activation_beta=act_b, algo_policy=policy,
+                                algo_id=algo_id,
+                                workspace_limit=C.c_size_t(-1).value if limit is None else limit)
+    for i in range(nd):
+        args.stride[i], args.dilation[i], args.padding_lo[i], args.padding_hi[i] = stride[i], dilation[i], lo[i], hi[i]
+    args._keep = keep
+    return args
+
+
+def workspace(size):
+    raw = np.empty(size + 64, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % 64
+    return raw, raw.ctypes.data + offset
+
+
+def destroy(shim, plan):
+    C.CFUNCTYPE(None, C.POINTER(F.PlanDestroyArgs))(shim.api.Plan_Destroy)(
+        C.byref(F.PlanDestroyArgs(struct_size=C.sizeof(F.PlanDestroyArgs), plan=plan)))
+
+
+def execute(shim, plan, size, x, w, y, bias):
+    raw, ws = workspace(size)
+    ptr = lambda a: None if a is None else a.ctypes.data
+    e = ExecuteArgs(struct_size=C.sizeof(ExecuteArgs), plan=plan, x=ptr(x), w=ptr(w), y=ptr(y), bias=ptr(bias),
+                    workspace=ws if size else None, workspace_size=size)
+    return shim.call("Conv_Plan_Execute", e)
+
+
+def run(shim, op, x, w, y, bias, dtype, **kw):
+    """Creates a plan, executes it once, destroys it; returns (error or None, plan args)."""
+    args = plan_args(op, x, w, y, bias, dtype, **kw)
+    error = shim.call("Conv_Plan_Create", args)
+    if error is not None:
+        return error, args
+    args.name = args.algo_name.decode()  # owned by the plan: copied before it is destroyed
+    try:
+        return execute(shim, args.plan, args.workspace_size, x, w, y, bias), args
+    finally:
+        destroy(shim, args.plan)
+
+
+# ---------------------------------------------------------------------------------------------
+# A problem: random inputs, the reference result, one call
+
+
+def geometry(nd, *, k=3, stride=None, dilation=None, lo=None, hi=None):
+    return dict(stride=stride or (1,) * nd, dilation=dilation or (1,) * nd, lo=lo or (0,) * nd,
+                hi=hi or (0,) * nd, ks=(k,) * nd if isinstance(k, int) else k)
+
+
+def activation_ref(v, name, a, b):
+    if name is None:
+        return v
+    return {
+        "relu": lambda: np.maximum(v, 0),
+        "leaky_relu": lambda: np.where(v >= 0, v, a * v),
+        "clip": lambda: np.minimum(np.maximum(v, a), b),
+        "sigmoid": lambda: 1 / (1 + np.exp(-v)),
+        "tanh": lambda: np.tanh(v),
+        "gelu_tanh": lambda: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))),
+        "gelu_erf": lambda: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
+        "silu": lambda: v / (1 + np.exp(-v)),
+    }[name]()
+
+
+def check_close(out, expected, dtype, what=""):
+    got = values(out, dtype)
+    assert not np.isnan(got).any(), f"{what}: unwritten (NaN) elements"
+    tol = RTOL[dtype]
+    scale = max(1.0, float(np.abs(expected).max()))
+    err = np.abs(got - expected)
+    bad = err > tol * np.abs(expected) + tol * 1e-2 * scale + (0 if dtype == "float64" else tol * 1e-2)
+    assert not bad.any(), f"{what}: max error {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}"
+
+
+def conv_case(shim, rng, op, dtype, nd, *, N=2, C=4, K=6, size=7, groups=2, g=None, x_layout="dense",
+              y_layout="dense", w_layout="dense", bias=False, alpha=1.0, beta=0.0, act=None, act_a=0.0,
+              act_b=0.0, limit=None, policy=0, algo_id=0):
+    g = g or geometry(nd)
+    sp = (size,) * nd if isinstance(size, int) else size
+    osp = tuple(ref.out_size(sp[i], g["ks"][i], g["stride"][i], g["dilation"][i], g["lo"][i], g["hi"][i])
+                for i in range(nd))
+    xv = random_input(rng, (N, C, *sp), dtype)
+    wv = random_input(rng, (K, C // groups, *g["ks"]), dtype)
+    yv = random_input(rng, (N, K, *osp), dtype)
+    bv = random_input(rng, (K,), dtype) if bias else None
+    geo = dict(stride=g["stride"], lo=g["lo"], hi=g["hi"], dilation=g["dilation"], groups=groups)
+    x, w, y = (layout(store_as(v, dtype), kind) for v, kind in ((xv, x_layout), (wv, w_layout), (yv, y_layout)))
+    b = store_as(bv, dtype) if bias else None
+    # The written operand starts as NaN (beta = 0) or random old values (beta != 0).
+    out_name = {FORWARD: "y", BACKWARD_DATA: "x", BACKWARD_WEIGHT: "w"}[op]
+    out = {"x": x, "w": w, "y": y}[out_name]
+    old = None
+    if beta != 0:
+        old = values(out, dtype).copy()
+    else:
+        out[...] = store_as(np.full(out.shape, np.nan), dtype)
+    old_b = None
+    if bias and op == BACKWARD_WEIGHT:
+        if beta != 0:
+            old_b = values(b, dtype).copy()
+        else:
+            b[...] = store_as(np.full(b.shape, np.nan), dtype)
+    xq, wq, yq = values(store_as(xv, dtype), dtype), values(store_as(wv, dtype), dtype), values(store_as(yv, dtype), dtype)
+    bq = values(store_as(bv, dtype), dtype) if bias else None
+    kw = dict(stride=g["stride"], lo=g["lo"], hi=g["hi"], dilation=g["dilation"], groups=groups)
+    if op == FORWARD:
+        expected = activation_ref(alpha * ref.conv_forward(xq, wq, bq, **kw), act, act_a, act_b)
+    elif op == BACKWARD_DATA:
+        expected = alpha * ref.conv_backward_data(yq, wq, xq.shape, **kw)
+    else:
+        expected = alpha * ref.conv_backward_weight(xq, yq, wq.shape, **kw)
+    if old is not None:
+        expected = expected + beta * old
+    error, args = run(shim, op, x, w, y, b, dtype, stride=geo["stride"], dilation=geo["dilation"], lo=geo["lo"],
+                      hi=geo["hi"], groups=groups, alpha=alpha, beta=beta, act=ACTIVATIONS.get(act, 0),
+                      act_a=act_a, act_b=act_b, limit=limit, policy=policy, algo_id=algo_id)
+    assert error is None, error
+    check_close(out, expected, dtype, f"{out_name} ({args.name})")
+    if bias and op == BACKWARD_WEIGHT:
+        db = alpha * yq.sum(axis=(0, *range(2, nd + 2)))
+        if old_b is not None:
+            db = db + beta * old_b
+        check_close(b, db, dtype, "bias gradient")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# The table, info, dtype support
+
+
+def test_table_and_info(shim):
+    assert shim.api.abi_major == 1 and shim.api.abi_minor >= 2
+    assert shim.api.Conv_Dtype_Support and shim.api.Conv_Plan_Pack_Weights
+    info = shim.info()
+    assert info.shim_name == b"blas" and info.vendor_name == b"OpenBLAS"
+    assert info.device_type == 1 and info.num_devices == 1 and info.unavailable_reason is None
+    assert info.vendor_version_built and info.vendor_version_runtime
+    d = F.DeviceDescribeArgs(struct_size=C.sizeof(F.DeviceDescribeArgs), device_id=0)
+    assert shim.call("Device_Describe", d) is None
+    assert d.name.startswith(b"CPU, OpenBLAS")
+
+
+@pytest.mark.parametrize("dtype,support", [((2, 64), 1), ((2, 32), 1), ((2, 16), 2), ((4, 16), 2),
+                                           ((0, 32), 0), ((2, 8), 0)])
+def test_dtype_support(shim, dtype, support):
+    a = F.ConvDtypeSupportArgs(struct_size=C.sizeof(F.ConvDtypeSupportArgs), device_id=0,
+                               dtype=F.DLDataType(dtype[0], dtype[1], 1))
+    assert shim.call("Conv_Dtype_Support", a) is None
+    assert a.support == support
+    assert a.detail is not None
+    if support == 2:
+        assert b"float32" in a.detail
+
+
+# ---------------------------------------------------------------------------------------------
+# Every op x dtype x rank, with groups, dilation, stride and asymmetric padding
+
+
+GEOMETRIES = {
+    1: geometry(1, k=3, stride=(2,), dilation=(2,), lo=(2,), hi=(1,)),
+    2: geometry(2, k=(3, 2), stride=(2, 1), dilation=(1, 2), lo=(1, 0), hi=(0, 2)),
+    3: geometry(3, k=(2, 3, 2), stride=(1, 2, 1), dilation=(2, 1, 1), lo=(0, 1, 1), hi=(1, 0, 0)),
+}
+SIZES = {1: 9, 2: (6, 7), 3: (4, 5, 4)}
+
+
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+def test_ops(shim, rng, op, dtype, nd, lay):
+    conv_case(shim, rng, op, dtype, nd, size=SIZES[nd], g=GEOMETRIES[nd], x_layout=lay, y_layout=lay,
+              w_layout=lay, bias=op != BACKWARD_DATA)
+
+
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("algo_id", [1, 2, 3])
+@pytest.mark.parametrize("lay", ["dense", "cl", "strided"])
+def test_each_lowering_any_layout(shim, rng, op, dtype, algo_id, lay):
+    """Every lowering (1 rows, 2 cols per image, 3 cols over the batch) on every layout, including non-dense strides: the
+    direct and the staged paths."""
+    args = conv_case(shim, rng, op, dtype, 2, size=(6, 5), g=GEOMETRIES[2], x_layout=lay, y_layout=lay,
+                     w_layout=lay, policy=2, algo_id=algo_id, bias=op == BACKWARD_WEIGHT)
+    assert args.chosen_algo_id == algo_id
+
+
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("lay", ["dense", "cl", "strided"])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_pointwise(shim, rng, op, dtype, lay, beta):
+    """1x1, stride 1, unpadded: a plain GEMM on the caller's arrays where the layout allows."""
+    conv_case(shim, rng, op, dtype, 2, N=3, C=8, K=6, size=(5, 4), groups=2, g=geometry(2, k=1),
+              x_layout=lay, y_layout=lay, alpha=0.5, beta=beta, bias=op != BACKWARD_DATA)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
+def test_depthwise(shim, rng, dtype, lay, op):
+    conv_case(shim, rng, op, dtype, 2, N=2, C=6, K=12, size=6, groups=6,
+              g=geometry(2, k=3, stride=(2, 2), lo=(1, 1), hi=(1, 0)), x_layout=lay, y_layout=lay)
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+def test_bias_and_activation(shim, rng, act, dtype, lay):
+    act_a, act_b = {"leaky_relu": (0.1, 0.0), "clip": (-0.5, 0.75)}.get(act, (0.0, 0.0))
+    conv_case(shim, rng, FORWARD, dtype, 2, size=6, g=geometry(2, lo=(1, 1), hi=(1, 1)), x_layout=lay,
+              y_layout=lay, bias=True, alpha=0.75, act=act, act_a=act_a, act_b=act_b)
+
+
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("alpha,beta", [(0.5, 1.0), (2.0, 0.0), (1.0, -0.5)])
+def test_alpha_beta(shim, rng, op, dtype, alpha, beta):
+    conv_case(shim, rng, op, dtype, 2, size=5, g=geometry(2, lo=(1, 1), hi=(1, 1)), alpha=alpha, beta=beta,
+              bias=op != BACKWARD_DATA, act="relu" if op == FORWARD and beta else None)
+
+
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+def test_workspace_limit(shim, rng, op, dtype, lay):
+    """A limit below the preferred workspace still computes (in smaller chunks); a limit below
+    anything that fits is OUT_OF_MEMORY."""
+    kw = dict(size=8, g=geometry(2, lo=(1, 1), hi=(1, 1)), x_layout=lay, y_layout=lay, bias=op == BACKWARD_WEIGHT)
+    full = conv_case(shim, rng, op, dtype, 2, **kw)
+    assert full.workspace_size > 0
+    fixed_ratio = 0.6 if dtype == "float32" else 0.9
+    small = conv_case(shim, rng, op, dtype, 2, limit=int(full.workspace_size * fixed_ratio), **kw)
+    assert small.workspace_size <= int(full.workspace_size * fixed_ratio)
+    x = np.zeros((2, 4, 8, 8), STORAGE[dtype])
+    w = np.zeros((6, 2, 3, 3), STORAGE[dtype])
+    y = np.zeros((2, 6, 8, 8), STORAGE[dtype])
+    args = plan_args(op, x, w, y, None, dtype, stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1), groups=2,
+                     limit=16)
+    error = shim.call("Conv_Plan_Create", args)
+    assert error is not None and error[0] == "OUT_OF_MEMORY", error
+
+
+def test_float16_is_float32_rounded_once(shim, rng):
+    """float16 results are the float32 computation rounded once: on a grid where float32 is
+    exact, they equal the float64 reference rounded to float16 (within 1 ulp)."""
+    x = random_input(rng, (2, 8, 9, 9), "float16")
+    w = random_input(rng, (16, 8, 3, 3), "float16")
+    b = random_input(rng, (16,), "float16")
+    expected = (ref.conv_forward(x, w, b, lo=(1, 1), hi=(1, 1)) * 0.75).astype(np.float16)
+    out = np.full(expected.shape, np.nan, np.float16)
+    error, _ = run(shim, FORWARD, x.astype(np.float16), w.astype(np.float16), out, b.astype(np.float16), "float16",
+                   stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1), groups=1, alpha=0.75)
+    assert error is None, error
+    ulps = np.abs(out.view(np.int16).astype(np.int32) - expected.view(np.int16).astype(np.int32))
+    assert ulps.max() <= 1
+    assert (ulps == 0).mean() > 0.99  # exactly the once-rounded value nearly everywhere
+
+
+def test_16bit_conversions_special_values(shim):
+    """A 1x1 identity convolution round-trips float16 and bfloat16 specials through the
+    float32 path: subnormals, infinities, NaN, signed zero."""
+    h = np.array([0.0, -0.0, 6e-8, -6e-8, 6.1e-5, 65504, -65504, np.inf, -np.inf, np.nan, 1 / 3, 1e-7],
+                 np.float16).reshape(1, 1, 12)
+    w = np.ones((1, 1, 1), np.float16)
+    out = np.full(h.shape, np.nan, np.float16)
+    error, _ = run(shim, FORWARD, h, w, out, None, "float16", stride=(1,), dilation=(1,), lo=(0,), hi=(0,), groups=1)
+    assert error is None, error
+    # Values (a GEMM sums from +0, so -0 comes back as +0); subnormals and infinities exact.
+    assert np.array_equal(out[~np.isnan(h)], h[~np.isnan(h)])
+    assert np.isnan(out[np.isnan(h)]).all()
+    f = np.array([0.0, -0.0, 1e-40, -3e-39, 1.0, 3.4e38, np.inf, -np.inf, np.nan, 1 / 3], np.float32)
+    bb = to_bf16(f).reshape(1, 1, -1)
+    out_b = np.zeros_like(bb)
+    error, _ = run(shim, FORWARD, bb, to_bf16(np.ones(1)).reshape(1, 1, 1), out_b, None, "bfloat16",
+                   stride=(1,), dilation=(1,), lo=(0,), hi=(0,), groups=1)
+    assert error is None, error
+    nan = np.isnan(from_bf16(bb))
+    assert np.array_equal(from_bf16(out_b)[~nan], from_bf16(bb)[~nan]) and np.isnan(from_bf16(out_b)[nan]).all()
+
+
+def test_half_rounding_of_sums(shim):
+    """Rounding to nearest even of float32 results into float16 (ties and carries)."""
+    # 1 + k * 2^-12 for k = 0..7: ties at odd k round to even mantissas.
+    vals = (1 + np.arange(8) * 2.0 ** -12).astype(np.float32)
+    x = np.stack([vals, np.zeros_like(vals)]).reshape(1, 2, 8).astype(np.float32)
+    xs = np.stack([np.ones(8), vals - 1]).reshape(1, 2, 8)  # 1 + (vals - 1): exact in float32
+    w = np.ones((1, 2, 1), np.float16)
+    xh = xs.astype(np.float16)
+    assert np.array_equal(xh.astype(np.float64), xs)  # inputs exact in float16 (2^-12 ok)
+    out = np.full((1, 1, 8), np.nan, np.float16)
+    error, _ = run(shim, FORWARD, xh, w, out, None, "float16", stride=(1,), dilation=(1,), lo=(0,), hi=(0,), groups=1)
+    assert error is None, error
+    assert np.array_equal(out.ravel(), x[0, 0].astype(np.float16))
+
+
+def test_packed_weights(shim, rng):
+    x = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    y = np.full((2, 6, 6, 6), np.nan, np.float32)
+    args = plan_args(FORWARD, x, w, y, None, "float32", stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1),
+                     groups=1)
+    assert shim.call("Conv_Plan_Create", args) is None
+    pack = PackArgs(struct_size=C.sizeof(PackArgs), plan=args.plan, w=w.ctypes.data)
+    assert shim.call("Conv_Plan_Pack_Weights", pack) is None
+    destroy(shim, args.plan)
+    w_seen = w.copy()
+    w[...] = np.nan  # the packed plan reads its own copy
+    assert execute(shim, pack.packed_plan, pack.workspace_size, x, None, y, None) is None
+    destroy(shim, pack.packed_plan)
+    check_close(y, ref.conv_forward(x, w_seen, lo=(1, 1), hi=(1, 1)), "float32", "packed")
+
+
+def test_benchmark_policy(shim, rng):
+    args = conv_case(shim, rng, FORWARD, "float32", 2, size=6, policy=1)
+    assert args.chosen_algo_id in (1, 2, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Invalid arguments: INVALID_ARGUMENT (or UNSUPPORTED), nothing written
+
+
+def _bad_cases():
+    def mod(**change):
+        return change
+    return {
+        "stride0": mod(stride=(0, 1)),
+        "negative_padding": mod(lo=(-1, 0)),
+        "wrong_out_size": mod(y_shape=(2, 6, 5, 6)),
+        "groups_mismatch": mod(groups=3),
+        "bad_rank": mod(rank=4),
+        "batch_mismatch": mod(y_shape=(3, 6, 6, 6)),
+        "dilation0": mod(dilation=(1, 0)),
+        "activation_on_backward": mod(op=BACKWARD_DATA, act=1),
+        "bias_on_backward_data": mod(op=BACKWARD_DATA, bias=True),
+        "bias_wrong_size": mod(bias_shape=(5,)),
+        "dtype_mismatch": mod(w_dtype="float64"),
+        "unknown_algo": mod(policy=2, algo_id=7),
+        "null_plan_args": mod(null_x=True),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_bad_cases()))
+def test_invalid_arguments(shim, case):
+    c = _bad_cases()[case]
+    x = np.ones((2, 4, 6, 6), np.float32)
+    w = np.ones((6, 2, 3, 3), np.float32)
+    y = np.full(c.get("y_shape", (2, 6, 6, 6)), 7.0, np.float32)
+    b = np.ones(c.get("bias_shape", (6,)), np.float32) if c.get("bias") or "bias_shape" in c else None
+    args = plan_args(c.get("op", FORWARD), x, w, y, b, "float32", stride=c.get("stride", (1, 1)),
+                     dilation=c.get("dilation", (1, 1)), lo=c.get("lo", (1, 1)), hi=(1, 1), groups=c.get("groups", 2),
+                     act=c.get("act", 0), policy=c.get("policy", 0), algo_id=c.get("algo_id", 0))
+    if "w_dtype" in c:
+        args.w.contents.dtype = F.DLDataType(2, 64, 1)
+    if "rank" in c:
+        args.spatial_rank = c["rank"]
+    if c.get("null_x"):
+        args.x = C.POINTER(F.DLTensor)()
+    args.plan = 12345
+    args.workspace_size = 777
+    error = shim.call("Conv_Plan_Create", args)
+    assert error is not None and error[0] == "INVALID_ARGUMENT", error
+    assert args.plan == 12345 and args.workspace_size == 777  # no out field written
+    assert (y == 7.0).all() and (x == 1.0).all() and (w == 1.0).all()
+
+
+def test_unsupported_dtype_names_it(shim):
+    x = np.ones((1, 2, 4), np.int32)
+    args = plan_args(FORWARD, x, np.ones((2, 2, 1), np.int32), np.ones((1, 2, 4), np.int32), None, "float32",
+                     stride=(1,), dilation=(1,), lo=(0,), hi=(0,), groups=1)
+    for t in (args.x, args.w, args.y):
+        t.contents.dtype = F.DLDataType(0, 32, 1)
+    error = shim.call("Conv_Plan_Create", args)
+    assert error is not None and error[0] == "UNSUPPORTED" and "float32" in error[1], error
+
+
+def test_execute_rejects_small_workspace_and_null_data(shim):
+    x = np.ones((1, 2, 6, 6), np.float32)
+    w = np.ones((2, 2, 3, 3), np.float32)
+    y = np.full((1, 2, 6, 6), 7.0, np.float32)
+    args = plan_args(FORWARD, x, w, y, None, "float32", stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1),
+                     groups=1)
+    assert shim.call("Conv_Plan_Create", args) is None
+    try:
+        assert args.workspace_size > 0
+        error = execute(shim, args.plan, args.workspace_size - 1, x, w, y, None)
+        assert error is not None and error[0] == "INVALID_ARGUMENT", error
+        error = execute(shim, args.plan, args.workspace_size, None, w, y, None)
+        assert error is not None and error[0] == "INVALID_ARGUMENT", error
+        assert (y == 7.0).all()
+    finally:
+        destroy(shim, args.plan)
+    small = F.ConvPlanCreateArgs(struct_size=8)
+    error = shim.call("Conv_Plan_Create", small)
+    assert error is not None and error[0] == "INVALID_ARGUMENT"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_runs_in_forked_child(shim, rng):
+    """After the parent ran threaded copy loops, a forked child still computes (one thread
+    there: GNU libgomp's team does not survive fork)."""
+    import time
+    import warnings
+
+    kw = dict(size=(40, 40), g=geometry(2, lo=(1, 1), hi=(1, 1)), N=4, C=16, K=16, groups=1)
+    conv_case(shim, rng, FORWARD, "float32", 2, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            conv_case(shim, rng, FORWARD, "float32", 2, **kw)
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung")
