@@ -115,7 +115,12 @@ py::object fallback_capsule(py::handle array, const char* argname, py::handle st
                           ", bits " + std::to_string(b) + ")");
   code = static_cast<uint8_t>(c);
   bits = static_cast<uint8_t>(b);
-  return call_dlpack(given[0], argname, stream);
+  try {
+    return call_dlpack(given[0], argname, stream);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_BufferError)) throw;
+    throw py::value_error(name + ": the array cannot be exported through DLPack: " + std::string(py::str(e.value())));
+  }
 }
 
 }  // namespace
