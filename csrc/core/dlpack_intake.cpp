@@ -67,7 +67,10 @@ PyObject* vectorcall_dlpack(py::handle array, py::handle stream, bool versioned)
   return PyObject_VectorcallMethod(method, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
 }
 
-py::object call_dlpack(py::handle array, const char* argname, py::handle stream) {
+// The capsule of array.__dlpack__(). With refusal_pending, a BufferError (the producer cannot
+// export this array) is left pending and a null object returned, so that the intake can ask
+// the export fallback without the cost of a C++ exception; other errors throw.
+py::object call_dlpack(py::handle array, const char* argname, py::handle stream, bool refusal_pending = false) {
   auto& known = versioned_support();
   PyTypeObject* type = Py_TYPE(array.ptr());
   auto it = known.find(type);
@@ -87,6 +90,7 @@ py::object call_dlpack(py::handle array, const char* argname, py::handle stream)
                            std::string(py::str(py::type::handle_of(array).attr("__qualname__"))) +
                            " does not support DLPack (it has no __dlpack__ method)");
     }
+    if (refusal_pending && PyErr_ExceptionMatches(PyExc_BufferError)) return py::object();
     throw py::error_already_set();
   }
   return py::reinterpret_steal<py::object>(capsule);
@@ -97,10 +101,11 @@ py::object& export_fallback() {
   return *fallback;
 }
 
-// The capsule of the fallback's stand-in for an array whose __dlpack__ raised BufferError
-// (pending in `refused`); sets code and bits to the dtype the capsule is to be read as.
-py::object fallback_capsule(py::handle array, const char* argname, py::handle stream,
-                            py::error_already_set& refused, uint8_t& code, uint8_t& bits) {
+// The capsule of the fallback's stand-in for an array whose __dlpack__ raised BufferError,
+// still pending; sets code and bits to the dtype the capsule is to be read as.
+py::object fallback_capsule(py::handle array, const char* argname, py::handle stream, uint8_t& code,
+                            uint8_t& bits) {
+  py::error_already_set refused;  // takes the pending BufferError
   const std::string name(argname);
   py::object alt = export_fallback() ? export_fallback()(array, name) : py::object(py::none());
   if (alt.is_none())
@@ -131,15 +136,11 @@ BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle
   if (array.is_none()) return;  // an absent optional operand
   py::object capsule;
   uint8_t override_code = 0, override_bits = 0;  // bits 0: the capsule's own dtype stands
-  try {
-    // An adapter may hand over a capsule it made through its library's fast exporter.
-    capsule = PyCapsule_CheckExact(array.ptr()) ? py::reinterpret_borrow<py::object>(array)
-                                                : call_dlpack(array, argname, stream);
-  } catch (py::error_already_set& e) {
-    if (!e.matches(PyExc_BufferError)) throw;
-    // Only arrays whose dtype their library cannot export get here: the fast path pays nothing.
-    capsule = fallback_capsule(array, argname, stream, e, override_code, override_bits);
-  }
+  // An adapter may hand over a capsule it made through its library's fast exporter.
+  capsule = PyCapsule_CheckExact(array.ptr()) ? py::reinterpret_borrow<py::object>(array)
+                                              : call_dlpack(array, argname, stream, /*refusal_pending=*/true);
+  // Only arrays whose dtype their library cannot export get here: the fast path pays nothing.
+  if (!capsule) capsule = fallback_capsule(array, argname, stream, override_code, override_bits);
   PyObject* cap = capsule.ptr();
   const FDNN_DLTensor* t = nullptr;
   if (PyCapsule_IsValid(cap, kCapsuleVersioned)) {

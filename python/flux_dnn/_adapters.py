@@ -104,9 +104,13 @@ def _is_ml_bfloat16(dtype) -> bool:
 
 
 def _numpy_uint16():
+    # Rebinds itself to a function returning numpy's uint16 dtype on first use.
+    global _numpy_uint16
     import numpy
 
-    return numpy.uint16
+    uint16 = numpy.dtype(numpy.uint16)
+    _numpy_uint16 = lambda: uint16  # noqa: E731
+    return uint16
 
 
 def _numpy_refusal(a, argname: str) -> str:
