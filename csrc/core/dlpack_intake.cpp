@@ -67,7 +67,10 @@ PyObject* vectorcall_dlpack(py::handle array, py::handle stream, bool versioned)
   return PyObject_VectorcallMethod(method, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
 }
 
-py::object call_dlpack(py::handle array, const char* argname, py::handle stream) {
+// The capsule of array.__dlpack__(). With refusal_pending, a BufferError (the producer cannot
+// export this array) is left pending and a null object returned, so that the intake can ask
+// the export fallback without the cost of a C++ exception; other errors throw.
+py::object call_dlpack(py::handle array, const char* argname, py::handle stream, bool refusal_pending = false) {
   auto& known = versioned_support();
   PyTypeObject* type = Py_TYPE(array.ptr());
   auto it = known.find(type);
@@ -87,26 +90,57 @@ py::object call_dlpack(py::handle array, const char* argname, py::handle stream)
                            std::string(py::str(py::type::handle_of(array).attr("__qualname__"))) +
                            " does not support DLPack (it has no __dlpack__ method)");
     }
+    if (refusal_pending && PyErr_ExceptionMatches(PyExc_BufferError)) return py::object();
     throw py::error_already_set();
   }
   return py::reinterpret_steal<py::object>(capsule);
 }
 
+py::object& export_fallback() {
+  static auto* fallback = new py::object();  // outlives the interpreter's teardown
+  return *fallback;
+}
+
+// The capsule of the fallback's stand-in for an array whose __dlpack__ raised BufferError,
+// still pending; sets code and bits to the dtype the capsule is to be read as.
+py::object fallback_capsule(py::handle array, const char* argname, py::handle stream, uint8_t& code,
+                            uint8_t& bits) {
+  py::error_already_set refused;  // takes the pending BufferError
+  const std::string name(argname);
+  py::object alt = export_fallback() ? export_fallback()(array, name) : py::object(py::none());
+  if (alt.is_none())
+    throw py::value_error(name + ": the array cannot be exported through DLPack: " +
+                          std::string(py::str(refused.value())));
+  if (!PyTuple_Check(alt.ptr()) || PyTuple_GET_SIZE(alt.ptr()) != 3)
+    throw py::type_error(name + ": the DLPack fallback must return None or (exportable, code, bits)");
+  auto given = py::reinterpret_borrow<py::tuple>(alt);
+  const int c = given[1].cast<int>(), b = given[2].cast<int>();
+  if (c < 0 || c > 255 || b <= 0 || b > 255)
+    throw py::value_error(name + ": the DLPack fallback gave an invalid dtype (code " + std::to_string(c) +
+                          ", bits " + std::to_string(b) + ")");
+  code = static_cast<uint8_t>(c);
+  bits = static_cast<uint8_t>(b);
+  try {
+    return call_dlpack(given[0], argname, stream);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_BufferError)) throw;
+    throw py::value_error(name + ": the array cannot be exported through DLPack: " + std::string(py::str(e.value())));
+  }
+}
+
 }  // namespace
+
+void set_export_fallback(py::object fallback) { export_fallback() = std::move(fallback); }
 
 BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle stream) {
   if (array.is_none()) return;  // an absent optional operand
   py::object capsule;
-  try {
-    // An adapter may hand over a capsule it made through its library's fast exporter.
-    capsule = PyCapsule_CheckExact(array.ptr()) ? py::reinterpret_borrow<py::object>(array)
-                                                : call_dlpack(array, argname, stream);
-  } catch (py::error_already_set& e) {
-    if (e.matches(PyExc_BufferError))
-      throw py::value_error(std::string(argname) + ": the array cannot be exported through DLPack: " +
-                            std::string(py::str(e.value())));
-    throw;
-  }
+  uint8_t override_code = 0, override_bits = 0;  // bits 0: the capsule's own dtype stands
+  // An adapter may hand over a capsule it made through its library's fast exporter.
+  capsule = PyCapsule_CheckExact(array.ptr()) ? py::reinterpret_borrow<py::object>(array)
+                                              : call_dlpack(array, argname, stream, /*refusal_pending=*/true);
+  // Only arrays whose dtype their library cannot export get here: the fast path pays nothing.
+  if (!capsule) capsule = fallback_capsule(array, argname, stream, override_code, override_bits);
   PyObject* cap = capsule.ptr();
   const FDNN_DLTensor* t = nullptr;
   if (PyCapsule_IsValid(cap, kCapsuleVersioned)) {
@@ -131,6 +165,15 @@ BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle
                           " dimensions are not supported (at most " + std::to_string(kMaxDims) + ")");
   }
   desc_ = *t;
+  if (override_bits != 0) {
+    if (t->dtype.bits != override_bits || t->dtype.lanes != 1) {
+      const int have = t->dtype.bits;
+      release();
+      throw py::type_error(std::string(argname) + ": the DLPack fallback's stand-in has " + std::to_string(have) +
+                           "-bit elements, not the " + std::to_string(override_bits) + " bits of its dtype");
+    }
+    desc_.dtype.code = override_code;  // our copy: the producer's tensor is left as it made it
+  }
   desc_.shape = shape_;
   desc_.strides = strides_;
   // NULL strides mean compact row-major (DLPack); the ABI wants them spelt out.

@@ -11,6 +11,15 @@ namespace fdnn_core {
 
 constexpr int kMaxDims = 8;
 
+// For arrays whose library cannot export their dtype through DLPack (NumPy refuses
+// ml_dtypes' bfloat16): a Python callable fallback(array, argname) that the intake calls only
+// when array.__dlpack__ raised BufferError. It returns None (the BufferError stands, as a
+// ValueError naming the argument), raises an error of its own, or returns
+// (exportable, dtype_code, dtype_bits): exportable's capsule is taken with its dtype read as
+// (code, bits), which must have exportable's element size (a uint16 view of bfloat16 memory,
+// taken as DLPack code 4, 16 bits). Arrays that export never reach it.
+void set_export_fallback(pybind11::object fallback);
+
 class BorrowedTensor {
  public:
   BorrowedTensor() = default;

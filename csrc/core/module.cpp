@@ -7,6 +7,7 @@
 
 #include "autotune.hpp"
 #include "conv_call.hpp"
+#include "dlpack_intake.hpp"
 #include "errors.hpp"
 #include "plan_cache.hpp"
 #include "shim_library.hpp"
@@ -120,6 +121,21 @@ py::tuple dtype_support(const ShimLibrary& shim, const std::string& dtype, int32
   return py::make_tuple(support, detail);
 }
 
+// What the intake makes of an array (tests and debugging): the ABI descriptor's fields.
+py::dict describe_intake(py::handle array, const std::string& argname) {
+  BorrowedTensor t(array, argname.c_str(), py::none());
+  const FDNN_DLTensor& d = t.desc();
+  py::dict out;
+  out["data"] = reinterpret_cast<uintptr_t>(d.data);
+  out["byte_offset"] = d.byte_offset;
+  out["device"] = py::make_tuple(d.device.device_type, d.device.device_id);
+  out["dtype"] = py::make_tuple(d.dtype.code, d.dtype.bits, d.dtype.lanes);
+  out["shape"] = py::tuple(py::cast(std::vector<int64_t>(d.shape, d.shape + d.ndim)));
+  out["strides"] = py::tuple(py::cast(std::vector<int64_t>(d.strides, d.strides + d.ndim)));
+  out["read_only"] = t.read_only();
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -160,6 +176,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("run_conv", &run_conv, py::arg("shim"), py::arg("spec"), py::arg("x"), py::arg("w"),
         py::arg("y"), py::arg("bias"), py::arg("stream"), py::arg("workspace_alloc"),
         "Run spec on DLPack arrays; the written array must exist. Returns the plan's facts.");
+
+  m.def("set_export_fallback", &set_export_fallback, py::arg("fallback"),
+        "fallback(array, argname) -> None or (exportable, dtype_code, dtype_bits), called only "
+        "when array.__dlpack__ raises BufferError.");
+  m.def("describe_intake", &describe_intake, py::arg("array"), py::arg("argname") = "x",
+        "The DLPack descriptor the core takes from array (CPU arrays; for tests).");
 
   py::class_<PackedConv>(m, "PackedConv")
       .def(py::init<const ShimLibrary&, const ConvSpec&, py::handle, py::handle, py::handle,

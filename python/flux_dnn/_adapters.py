@@ -4,8 +4,17 @@ Each library keeps to its own small class; unknown libraries go through the arra
 
 from __future__ import annotations
 
+import sys
+
+from . import _core
+
 CPU = 1
 CUDA = 2
+DTYPE_BFLOAT = 4  # DLPack's dtype code for bfloat16 (kDLBfloat)
+
+# What flux_dnn convolves; a NumPy array of another dtype is refused naming these.
+ACCEPTED_DTYPES = ("float64", "float32", "float16", "bfloat16")
+_ACCEPTED_TEXT = "float64, float32, float16 and bfloat16 (ml_dtypes.bfloat16 for NumPy)"
 
 
 def is_channels_last(shape: tuple, strides) -> bool:
@@ -55,8 +64,16 @@ class ArrayAPIAdapter:
     def shape(self, a) -> tuple:
         return tuple(a.shape)
 
-    def dtype_name(self, a) -> str:
+    def dtype_name(self, a, argname: str = "array") -> str:
+        """The dtype's name for dispatch and dtype checks (slow path only: once per call
+        pattern); an adapter may refuse here, naming argname, a dtype its library cannot
+        hand over."""
         return str(a.dtype).rsplit(".", 1)[-1]
+
+    def export_fallback(self, a, argname: str):
+        """Called by the core only when a.__dlpack__ raised BufferError: None (that error
+        stands), or (exportable, DLPack dtype code, bits) to take instead, zero-copy."""
+        return None
 
     def strides(self, a):
         return None  # unknown: outputs are allocated contiguous
@@ -81,6 +98,26 @@ class ArrayAPIAdapter:
         return xp.empty((nbytes,), dtype=xp.uint8, device=like.device)
 
 
+def _is_ml_bfloat16(dtype) -> bool:
+    ml_dtypes = sys.modules.get("ml_dtypes")  # imported wherever such an array exists
+    return ml_dtypes is not None and dtype == ml_dtypes.bfloat16
+
+
+def _numpy_uint16():
+    # Rebinds itself to a function returning numpy's uint16 dtype on first use.
+    global _numpy_uint16
+    import numpy
+
+    uint16 = numpy.dtype(numpy.uint16)
+    _numpy_uint16 = lambda: uint16  # noqa: E731
+    return uint16
+
+
+def _numpy_refusal(a, argname: str) -> str:
+    return (f"{argname}: dtype {a.dtype} is not supported for NumPy arrays; flux_dnn accepts "
+            f"{_ACCEPTED_TEXT}: convert it first, e.g. with .astype(numpy.float32)")
+
+
 def _numpy_empty(*args, **kwargs):
     # Rebinds itself to numpy.empty on first use: numpy is imported only when an array of
     # it is seen, and the per-call path then pays no import statement.
@@ -100,8 +137,21 @@ class NumpyAdapter(ArrayAPIAdapter):
     def device(self, a):
         return (CPU, 0)
 
-    def dtype_name(self, a):
-        return a.dtype.name
+    def dtype_name(self, a, argname="array"):
+        name = a.dtype.name
+        if name not in ACCEPTED_DTYPES or (name == "bfloat16" and not _is_ml_bfloat16(a.dtype)):
+            raise TypeError(_numpy_refusal(a, argname))
+        return name
+
+    def export_fallback(self, a, argname):
+        # NumPy's __dlpack__ refuses ml_dtypes' bfloat16 (JAX's CPU arrays through
+        # np.asarray): the core takes a uint16 view of the same memory, with the same
+        # strides, as DLPack bfloat16.
+        if _is_ml_bfloat16(a.dtype):
+            return a.view(_numpy_uint16()), DTYPE_BFLOAT, 16
+        if a.dtype.name in ACCEPTED_DTYPES:
+            return None  # refused for another reason (such as its strides): NumPy's words stand
+        raise TypeError(_numpy_refusal(a, argname))
 
     def strides(self, a):
         item = a.itemsize
@@ -143,7 +193,7 @@ class TorchAdapter(ArrayAPIAdapter):
             return (CPU, 0)
         return tuple(int(v) for v in a.__dlpack_device__())
 
-    def dtype_name(self, a):
+    def dtype_name(self, a, argname="array"):
         return str(a.dtype).replace("torch.", "")
 
     def strides(self, a):
@@ -178,7 +228,7 @@ class CupyAdapter(ArrayAPIAdapter):
     def device(self, a):
         return (CUDA, int(a.device.id))
 
-    def dtype_name(self, a):
+    def dtype_name(self, a, argname="array"):
         return a.dtype.name
 
     def strides(self, a):
@@ -231,3 +281,12 @@ def adapter_for(a, argname: str):
         raise TypeError(f"{argname}: expected an array that supports DLPack, got {t.__module__}.{t.__qualname__}")
     _BY_TYPE[t] = adapter
     return adapter
+
+
+def _export_fallback(a, argname: str):
+    t = type(a)
+    adapter = _BY_TYPE.get(t) or _BY_MODULE.get(t.__module__.split(".", 1)[0])
+    return None if adapter is None else adapter.export_fallback(a, argname)
+
+
+_core.set_export_fallback(_export_fallback)

@@ -143,7 +143,8 @@ class _Operand(NamedTuple):
 
 def _operand(array, name: str) -> _Operand:
     adapter = adapter_for(array, name)
-    return _Operand(name, array, adapter, adapter.shape(array), adapter.dtype_name(array), adapter.device(array))
+    return _Operand(name, array, adapter, adapter.shape(array), adapter.dtype_name(array, name),
+                    adapter.device(array))
 
 
 def _device_text(device: tuple) -> str:
