@@ -21,15 +21,31 @@ def info() -> int:
             print(f"  vendor:  {s.vendor} {s.vendor_version_runtime} (built against {s.vendor_version_built})")
         if s.loaded:
             print(f"  devices: {s.num_devices}")
-        if s.dtypes:
-            print(f"  dtypes:  {', '.join(s.dtypes)}")
+        for dtype, (how, detail) in s.dtype_support.items():
+            print(f"  {dtype + ':':9} {how}" + (f" ({detail})" if detail else ""))
         if s.path:
             print(f"  library: {s.path}")
         if s.reason:
             print(f"  why not: {s.reason}")
             if s.install_hint:
                 print(f"  to fix:  {s.install_hint}")
+    _print_serving(statuses)
     return 0
+
+
+def _print_serving(statuses) -> None:
+    """Per device type and dtype, the shim a convolution goes to here (what dispatch picks)."""
+    from ._discovery import DTYPES, REGISTRY, device_name
+
+    for device_type in sorted({s.device_type for s in statuses if s.usable}):
+        print(f"\n{device_name(device_type)} arrays:")
+        for dtype in DTYPES:
+            try:
+                entry = REGISTRY.shim_for(device_type, dtype)
+                how = entry.support(dtype)
+                print(f"  {dtype + ':':9} {entry.name}" + (" (converted)" if how[0] == 2 else ""))
+            except TypeError:
+                print(f"  {dtype + ':':9} not supported")
 
 
 def demo() -> int:

@@ -193,10 +193,11 @@ def _use_ffi() -> bool:
     return _BACKEND == "ffi" or (_BACKEND is None and ffi_available())
 
 
-def _shim_path(platform) -> str:
-    """The shim serving `platform`'s arrays; loads it (and checks its ABI) if needed, raises
-    DeviceUnavailableError with the reason when it cannot work here."""
-    return REGISTRY.shim_for(_SHIM_DEVICE[platform]).shim.path
+def _shim_path(platform, dtype) -> str:
+    """The shim serving `platform`'s arrays of `dtype` (on the CPU: oneDNN, or the BLAS shim
+    for float64); loads it (and checks its ABI) if needed, raises DeviceUnavailableError with
+    the reason when it cannot work here, TypeError when no shim there computes the dtype."""
+    return REGISTRY.shim_for(_SHIM_DEVICE[platform], str(dtype)).shim.path
 
 
 def _platform(*arrays):
@@ -232,7 +233,7 @@ def _ffi_run(out, a, b, attrs):
     call = jax.ffi.ffi_call(_FFI_TARGET, out, vmap_method="expand_dims")
 
     def on(platform):
-        shim = _shim_path(platform)
+        shim = _shim_path(platform, a.dtype)
         return lambda a, b: call(a, b, shim=shim, **attrs)
 
     platform, default = _platform(a, b), _default_platform()
