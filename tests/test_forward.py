@@ -5,6 +5,7 @@ import pytest
 
 import flux_dnn
 import reference as ref
+from conftest import require_onednn
 
 
 def draw_config(rng, nd):
@@ -140,6 +141,7 @@ def test_workspace_refused_falls_back_with_one_warning(rng):
     the core's plumbing, not any GPU."""
     from flux_dnn import _conv, _core
 
+    require_onednn()
     x = rng.standard_normal((2, 16, 8, 8), dtype=np.float32)
     w = rng.standard_normal((8, 16, 1, 1), dtype=np.float32)
     expected = ref.conv_forward(x, w)

@@ -1,5 +1,6 @@
 """The whole op surface on the CPU: backward-data, backward-weight (with the bias gradient) and
-transposed convolution, 1-D/2-D/3-D, float32/float16 (NumPy) and bfloat16 (torch tensors),
+transposed convolution, 1-D/2-D/3-D, float64/float32/float16/bfloat16 (NumPy, ml_dtypes'
+bfloat16) and bfloat16 torch tensors, on the CPU shim that serves each dtype,
 contiguous and channels-last, against the float64 reference; a finite-difference check that
 the backward ops are the vector-Jacobian products of forward; accumulation with beta."""
 
@@ -8,15 +9,16 @@ import pytest
 
 import flux_dnn
 import reference as ref
+from conftest import DTYPES, numpy_dtype, require_cpu_dtype, require_onednn
 from test_forward import draw_config
 
-TOLERANCE = {"float32": 2e-4, "float16": 2e-3, "bfloat16": 1e-2}
+TOLERANCE = {"float64": 1e-12, "float32": 2e-4, "float16": 2e-3, "bfloat16": 1e-2}
 
 
 def grid(rng, shape, dtype):
     """Values on a grid of quarters in [-1, 1], exact in every dtype under test, so only the
     output's rounding differs from the float64 reference."""
-    return (rng.integers(-4, 5, shape) / 4).astype(dtype)
+    return (rng.integers(-4, 5, shape) / 4).astype(numpy_dtype(dtype))
 
 
 def assert_close(actual, expected, dtype_name, context=""):
@@ -42,14 +44,35 @@ def layout(a, name):
     return ref.channels_last(a) if name == "channels_last" else a
 
 
+@pytest.mark.parametrize("case", range(3))
+@pytest.mark.parametrize("layout_name", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_forward_with_epilogue(rng, nd, dtype, layout_name, case):
+    """Forward with bias, a fused activation, alpha and beta accumulation in every dtype."""
+    require_cpu_dtype(dtype)
+    c, x, w, dy, geometry, rg = problem(rng, nd, dtype)
+    b = grid(rng, (w.shape[0],), dtype)
+    activation, fn = [("relu", lambda v: np.maximum(v, 0)), (("leaky_relu", 0.25), lambda v: np.where(v >= 0, v, v / 4)),
+                      (("clip", -0.5, 0.75), lambda v: np.clip(v, -0.5, 0.75))][case]
+    existing = grid(rng, dy.shape, dtype)
+    out = layout(existing.copy(), layout_name)
+    result = flux_dnn.conv(layout(x, layout_name), w, b, activation=activation, alpha=0.5, beta=1.0, out=out,
+                           **geometry)
+    assert result is out
+    expected = fn(0.5 * ref.conv_forward(x, w, b, *rg)) + existing.astype(np.float64)  # the header's order
+    assert_close(out, expected, dtype, c)
+
+
 @pytest.mark.parametrize("case", range(4))
 @pytest.mark.parametrize("layout_name", ["contiguous", "channels_last"])
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nd", [1, 2, 3])
 def test_backward_data(rng, nd, dtype, layout_name, case):
+    require_cpu_dtype(dtype)
     c, x, w, dy, geometry, rg = problem(rng, nd, dtype)
     expected = ref.conv_backward_data(dy, w, x.shape, *rg)
-    out = ref.poisoned_like(x.shape, dtype, layout_name == "channels_last")
+    out = ref.poisoned_like(x.shape, numpy_dtype(dtype), layout_name == "channels_last")
     result = flux_dnn.conv_backward_data(layout(dy, layout_name), w, x.shape, out=out, **geometry)
     assert result is out and not np.isnan(out).any()
     assert_close(out, expected, dtype, c)
@@ -57,13 +80,14 @@ def test_backward_data(rng, nd, dtype, layout_name, case):
 
 @pytest.mark.parametrize("case", range(4))
 @pytest.mark.parametrize("layout_name", ["contiguous", "channels_last"])
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nd", [1, 2, 3])
 def test_backward_weight_and_bias(rng, nd, dtype, layout_name, case):
+    require_cpu_dtype(dtype)
     c, x, w, dy, geometry, rg = problem(rng, nd, dtype)
     expected = ref.conv_backward_weight(x, dy, w.shape, *rg)
-    dw_out = ref.poisoned_like(w.shape, dtype)
-    db_out = ref.poisoned_like((w.shape[0],), dtype)
+    dw_out = ref.poisoned_like(w.shape, numpy_dtype(dtype))
+    db_out = ref.poisoned_like((w.shape[0],), numpy_dtype(dtype))
     dw, db = flux_dnn.conv_backward_weight(layout(x, layout_name), layout(dy, layout_name), w.shape,
                                            bias_grad=True, out=(dw_out, db_out), **geometry)
     assert dw is dw_out and db is db_out and not np.isnan(dw).any() and not np.isnan(db).any()
@@ -73,11 +97,12 @@ def test_backward_weight_and_bias(rng, nd, dtype, layout_name, case):
 
 
 @pytest.mark.parametrize("case", range(4))
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nd", [1, 2, 3])
 def test_transposed_matches_definition(rng, nd, dtype, case):
     """conv_transpose against its scatter definition, output_padding >= stride included
     (allowed below dilation): out = (in-1)*stride - 2*padding + dilation*(k-1) + output_padding + 1."""
+    require_cpu_dtype(dtype)
     groups = int(rng.choice([1, 2]))
     cin, cout_g = 2 * groups, int(rng.integers(1, 3))
     kernel = tuple(int(v) for v in rng.integers(1, 4, nd))
@@ -182,6 +207,7 @@ def test_reduced_precision_flag_is_accepted_and_close(rng):
 
 
 def test_benchmark_algorithm_and_given_id(rng, tmp_path):
+    require_onednn()
     from flux_dnn import _core
 
     saved = _core.autotune_path()
@@ -200,6 +226,7 @@ def test_benchmark_algorithm_and_given_id(rng, tmp_path):
 
 
 def test_autotune_store_replays_choice_and_ignores_corrupt_files(rng, tmp_path):
+    require_onednn()
     """A choice made by benchmark mode is read back by a new process (no new search), and a
     corrupt file is ignored with a warning, never trusted."""
     import subprocess
@@ -239,6 +266,7 @@ def test_16bit_without_the_instruction_set_is_computed_in_float32():
     """float16 and bfloat16 on a CPU without AVX512-FP16 / AVX-512 (simulated by capping
     oneDNN's ISA at AVX2, so this runs the same on every x86-64 CPU): every op is computed in
     float32 inside the plan and rounded once, and the shim says so."""
+    require_onednn()
     import subprocess
     import sys
 

@@ -192,7 +192,8 @@ typedef FDNN_Error* FDNN_Device_Describe(FDNN_Device_Describe_Args* args);
  *   BACKWARD_WEIGHT  reads x, y (dy), writes w (dw) and, when bias is described, the
  *                    bias gradient db = sum of dy over N and spatial dims.
  * The written tensor gets  out = alpha * result + beta * out  (beta = 0: out is not read).
- * The activation is applied after bias and alpha, before beta accumulation, FORWARD only.
+ * The activation is applied after bias and alpha, before beta accumulation, FORWARD only:
+ *   y = act(alpha * (conv(x, w) + bias)) + beta * y.
  */
 
 typedef struct FDNN_Plan FDNN_Plan; /* opaque; owned by the caller, freed by Plan_Destroy */
