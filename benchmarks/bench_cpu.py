@@ -16,12 +16,24 @@ The peers:
   transpose        torch.nn.functional.conv_transpose2d
 Ops that flux_dnn does not have yet are skipped with a note.
 
+Dtypes: float32, bfloat16, float16, float64 (torch tensors of that dtype for both libraries;
+torch's float16 CPU convolution is its slow path, which is the point of that comparison).
+Each row says which flux_dnn shim served it (the first CPU shim, in flux_dnn's order, that
+computes the dtype; ``--shims blas`` sets FLUX_DNN_SHIMS before flux_dnn is imported and so
+forces one). For 16-bit rows flux_dnn is also timed in float32 on the same problem,
+interleaved with the other two: "vs own f32" = flux float32 time / flux 16-bit time (1.0: the
+16-bit call costs what the float32 call costs). The summary gives, per (dtype, shim), the
+geometric mean and minimum of torch/flux and how many rows are below 1.0.
+
 This is a benchmark, not a test: it asserts nothing about time.
 
     python benchmarks/bench_cpu.py                      # fp32 forward, N=1,16, NCHW+NHWC
     python benchmarks/bench_cpu.py --quick --markdown
     python benchmarks/bench_cpu.py --ops forward,backward_data,backward_weight,transpose \\
         --dtypes float32,bfloat16 --batch 16 --markdown
+    OMP_NUM_THREADS=1 python benchmarks/bench_cpu.py --ops forward,backward_data,backward_weight \\
+        --dtypes float16 --no-tiny --budget 0.5 --min-reps 3 --markdown --json f16.json
+    OMP_NUM_THREADS=1 python benchmarks/bench_cpu.py --shims blas --dtypes float32 ...   # BLAS shim only
 """
 
 from __future__ import annotations
@@ -41,7 +53,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import flux_dnn
+
+def _shims_from_argv(argv) -> str | None:
+    """The value of --shims in argv (``--shims a,b`` or ``--shims=a,b``), or None."""
+    for i, a in enumerate(argv):
+        if a == "--shims" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--shims="):
+            return a.split("=", 1)[1]
+    return None
+
+
+if __name__ == "__main__" and _shims_from_argv(sys.argv[1:]) is not None:
+    # Before flux_dnn is imported: the shim registry reads FLUX_DNN_SHIMS once.
+    os.environ["FLUX_DNN_SHIMS"] = _shims_from_argv(sys.argv[1:])
+
+import flux_dnn  # noqa: E402
 
 
 class Layer(NamedTuple):
@@ -66,7 +93,10 @@ LAYERS = [
 ]
 
 OPS = ("forward", "forward_plan", "backward_data", "backward_weight", "transpose")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+SIXTEEN = ("float16", "bfloat16")
+#: ISA flags of /proc/cpuinfo that matter to convolution kernels
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "avx_vnni")
 
 
 def out_size(h, r, s, p):
@@ -83,21 +113,49 @@ def _time_once(fn) -> float:
     return (time.perf_counter_ns() - t0) * 1e-6  # ms
 
 
-def interleaved(fns: dict, budget_s: float, min_reps: int, max_reps: int, warmup: int = 3) -> dict:
-    """Median ms of each callable, timed A, B, A, B, ... (the order rotates every round)."""
+def interleaved(fns: dict, budget_s: float, min_reps: int, max_reps: int, warmup: int = 3,
+                own_reps: bool = False, first_ms: dict | None = None) -> dict:
+    """Median ms of each callable, timed A, B, A, B, ... (the order rotates every round).
+
+    own_reps=False: every callable gets the same number of calls (budget / one round).
+    own_reps=True: each callable gets its own count, (budget / number of callables) / its
+    time, clamped to [min_reps, max_reps], and a slow one's calls are spread evenly over the
+    rounds (so a 2 s torch float16 call and a 5 ms flux call are still interleaved, and the
+    fast one is not held to the slow one's few samples). first_ms: the time of a call already
+    made (the check), which counts as a warm-up call; a callable slower than half the budget
+    gets no further warm-up."""
     names = list(fns)
-    for _ in range(warmup):
+    first_ms = first_ms or {}
+    budget_ms = budget_s * 1e3
+    if not own_reps:
+        for _ in range(warmup):
+            for n in names:
+                fns[n]()
+        probe = sum(_time_once(fns[n]) for n in names)  # ms for one round
+        reps = int(min(max_reps, max(min_reps, budget_ms / max(probe, 1e-3))))
+        want = {n: reps for n in names}
+    else:
+        want = {}
         for n in names:
-            fns[n]()
-    probe = sum(_time_once(fns[n]) for n in names)  # ms for one round
-    reps = int(min(max_reps, max(min_reps, budget_s * 1e3 / max(probe, 1e-3))))
+            t, calls, spent = first_ms.get(n), (1 if n in first_ms else 0), first_ms.get(n, 0.0)
+            while calls < warmup + 1:  # the last warm-up call is the probe
+                if calls >= 1 and t > 0.5 * budget_ms:
+                    break
+                if calls >= 2 and spent > 0.25 * budget_ms:
+                    break
+                t = _time_once(fns[n])
+                spent += t
+                calls += 1
+            want[n] = int(min(max_reps, max(min_reps, budget_ms / len(names) / max(t, 1e-3))))
+    rounds = max(want.values())
     samples = {n: [] for n in names}
-    for i in range(reps):
-        order = names[i % len(names):] + names[:i % len(names)]
-        for n in order:
+    for i in range(rounds):
+        due = [n for n in names if (i + 1) * want[n] // rounds > i * want[n] // rounds]
+        k = i % len(due) if due else 0
+        for n in due[k:] + due[:k]:
             samples[n].append(_time_once(fns[n]))
     return ({n: statistics.median(v) for n, v in samples.items()} | {f"_min {n}": min(v) for n, v in samples.items()}
-            | {"_reps": reps})
+            | {f"_reps {n}": len(v) for n, v in samples.items()} | {"_reps": rounds})
 
 
 # ------------------------------------------------------------------------------------------
@@ -184,14 +242,21 @@ def make_case(op: str, layer: Layer, n: int, dtype, layout: str, gen: torch.Gene
     raise ValueError(op)
 
 
-def check(fns: dict, dtype) -> float:
-    """Max relative difference between flux_dnn's and torch's results (sanity, not a test)."""
-    a, b = fns["flux"](), fns["torch"]()
+def check(fns: dict, dtype, first_ms: dict | None = None) -> float:
+    """Max relative difference between flux_dnn's and torch's results (sanity, not a test).
+    The time of each of these first calls goes into first_ms (a warm-up call for timing)."""
+    t0 = time.perf_counter_ns()
+    a = fns["flux"]()
+    t1 = time.perf_counter_ns()
+    b = fns["torch"]()
+    t2 = time.perf_counter_ns()
+    if first_ms is not None:
+        first_ms.update(flux=(t1 - t0) * 1e-6, torch=(t2 - t1) * 1e-6)
     if isinstance(b, tuple):
         b = next(t for t in b if t is not None)
-    a = torch.as_tensor(a).float()
-    b = b.float()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+    a = torch.as_tensor(a).double()
+    b = b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
 # ------------------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ ffi::Error to_ffi_error(const FDNN_Api* api, FDNN_Error* err, const char* what) 
 
 bool dtype_of(ffi::DataType t, FDNN_DLDataType* out) {
   switch (t) {
+    case ffi::DataType::F64: *out = {FDNN_DTYPE_FLOAT, 64, 1}; return true;
     case ffi::DataType::F32: *out = {FDNN_DTYPE_FLOAT, 32, 1}; return true;
     case ffi::DataType::F16: *out = {FDNN_DTYPE_FLOAT, 16, 1}; return true;
     case ffi::DataType::BF16: *out = {FDNN_DTYPE_BFLOAT, 16, 1}; return true;
@@ -257,7 +258,7 @@ ffi::Error run_conv(const Target& target, ffi::AnyBuffer a_buf, ffi::AnyBuffer b
   FDNN_DLDataType dt{};
   if (!dtype_of(a_buf.element_type(), &dt) || b_buf.element_type() != a_buf.element_type() ||
       out_buf->element_type() != a_buf.element_type())
-    return ffi::Error::InvalidArgument("flux_dnn: operands must share one dtype: float32, float16 or bfloat16");
+    return ffi::Error::InvalidArgument("flux_dnn: operands must share one dtype: float64, float32, float16 or bfloat16");
   const int64_t rank = static_cast<int64_t>(a_buf.dimensions().size());
   const int64_t lead_rank = rank - nd - 2;
   if (lead_rank < 0 || b_buf.dimensions().size() != size_t(rank) || out_buf->dimensions().size() != size_t(rank))

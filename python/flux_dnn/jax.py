@@ -36,11 +36,11 @@ import numpy as np
 import flux_dnn
 from flux_dnn import _conv
 from flux_dnn._conv import BACKWARD_DATA, BACKWARD_WEIGHT, FORWARD
-from flux_dnn._discovery import REGISTRY
+from flux_dnn._discovery import DTYPES, REGISTRY
 
 __all__ = ["conv", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_general_dilated"]
 
-_DTYPES = ("float32", "float16")
+_DTYPES = DTYPES  # float64 needs jax_enable_x64
 _SHIM_DEVICE = {"cpu": 1, "cuda": 2}  # JAX platform -> DLPack device type of its shim
 
 
@@ -282,11 +282,11 @@ def _run(op, geo, out_shape, dtype, a, b):
 
 
 def _check_dtype(*arrays):
-    # NumPy (the pure_callback path) cannot hand bfloat16 to flux_dnn through DLPack.
-    allowed = _DTYPES + ("bfloat16",) if _use_ffi() else _DTYPES
+    # The dtypes of the ABI; which shim computes one (oneDNN, or the BLAS shim for float64)
+    # is dispatch's choice, from what the shims report.
     for name, a in arrays:
-        if str(a.dtype) not in allowed:
-            raise TypeError(f"{name}: flux_dnn.jax supports {', '.join(allowed)} arrays here, got {a.dtype}")
+        if str(a.dtype) not in _DTYPES:
+            raise TypeError(f"{name}: flux_dnn.jax supports {', '.join(_DTYPES)} arrays, got {a.dtype}")
 
 
 @functools.lru_cache(maxsize=1024)
