@@ -303,39 +303,131 @@ def geomean(values):
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
-def machine_text() -> str:
-    flags = ""
+def cpu_info() -> dict:
+    """Model name, logical CPU count and the convolution-relevant ISA flags of /proc/cpuinfo."""
+    model, have = platform.processor() or platform.machine(), None
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
+                if line.startswith("model name") and model == (platform.processor() or platform.machine()):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and have is None:
                     have = set(line.split(":", 1)[1].split())
-                    flags = " ".join(x for x in ("avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
-                                     if x in have)
-                    break
     except OSError:
         pass
-    model = platform.processor() or platform.machine()
+    return dict(model=model, cpus=os.cpu_count(),
+                isa_present=[x for x in ISA_FLAGS if have and x in have],
+                isa_absent=[x for x in ISA_FLAGS if have is not None and x not in have],
+                flags_read=have is not None)
+
+
+def cpu_shims() -> list:
+    """The usable CPU shims, in the order flux_dnn asks them, with the device name each shim
+    gives (oneDNN: its effective ISA)."""
+    out = []
+    for s in flux_dnn.shims():
+        if s.device_type != 1:
+            continue
+        device = ""
+        try:  # the shim's own device string, e.g. "x86-64 CPU, oneDNN ISA avx2"
+            from flux_dnn._discovery import REGISTRY
+
+            entry = next(e for e in REGISTRY.usable_for(1)[0] if e.name == s.name)
+            device = entry.shim.device_name(0)
+        except Exception:  # noqa: BLE001 -- private API; the rest still prints
+            pass
+        out.append(dict(name=s.name, usable=s.usable, vendor=f"{s.vendor} {s.vendor_version_runtime}".strip(),
+                        device=device, dtypes=list(s.dtypes),
+                        dtype_support={d: list(v) for d, v in s.dtype_support.items()}, reason=s.reason))
+    return out
+
+
+def serving_shim(dtype: str, shims_list: list) -> str:
+    """The shim that serves a dtype on CPU arrays: the first usable one that lists it. Checked
+    against the registry's own choice where that private API is there."""
+    name = next((s["name"] for s in shims_list if s["usable"] and dtype in s["dtypes"]), None)
     try:
-        with open("/proc/cpuinfo") as f:
-            model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
+        from flux_dnn._discovery import REGISTRY
+
+        real = REGISTRY.shim_for(1, dtype).name
+        if name != real:
+            return f"{real} (shims() order says {name})"
+    except Exception:  # noqa: BLE001
         pass
-    shim = next((s for s in flux_dnn.shims() if s.device_type == 1), None)
-    vendor = f"{shim.vendor} {shim.vendor_version_runtime}" if shim and shim.vendor else "?"
+    return name or "none"
+
+
+def machine_text() -> str:
+    c = cpu_info()
+    shims_list = cpu_shims()
+    vendors = "; ".join(f"{s['name']}: {s['vendor']}" + (f" ({s['device']})" if s["device"] else "")
+                        for s in shims_list) or "?"
     import re
 
     found = re.search(r"MKL-DNN v([0-9.]+)", torch.__config__.show())
-    return (f"{model}, {os.cpu_count()} CPUs, flags: {flags or '?'}; torch {torch.__version__} "
+    return (f"{c['model']}, {c['cpus']} CPUs, ISA flags: {' '.join(c['isa_present']) or '?'}"
+            f" (absent: {' '.join(c['isa_absent']) or 'none'}); torch {torch.__version__} "
             f"({torch.get_num_threads()} threads, its own oneDNN {found.group(1) if found else '?'}); "
-            f"flux_dnn {flux_dnn.__version__} on {vendor}; Python {platform.python_version()}; "
+            f"flux_dnn {flux_dnn.__version__} shims [{vendors}]; Python {platform.python_version()}; "
             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+            f"FLUX_DNN_SHIMS={os.environ.get('FLUX_DNN_SHIMS', 'unset')}, "
             f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}")
 
 
+def print_header(dtypes, shims_list, serving, load) -> None:
+    c = cpu_info()
+    print(f"# CPU: {c['model']}, {c['cpus']} logical CPUs, load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if c["flags_read"]:
+        print(f"# ISA flags present: {' '.join(c['isa_present']) or 'none'}; absent: {' '.join(c['isa_absent']) or 'none'}")
+    else:
+        print("# ISA flags: /proc/cpuinfo not readable")
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; flux_dnn {flux_dnn.__version__}; "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; "
+          f"FLUX_DNN_SHIMS={os.environ.get('FLUX_DNN_SHIMS', 'unset')}")
+    for s in shims_list:
+        state = "usable" if s["usable"] else f"not usable: {s['reason']}"
+        print(f"# shim {s['name']}: {s['vendor']}" + (f", device {s['device']!r}" if s["device"] else "") + f", {state}")
+        for d, (how, detail) in s["dtype_support"].items():
+            print(f"#   {d:9s} {how}" + (f": {detail}" if detail else ""))
+    print("# served by: " + ", ".join(f"{d} -> {serving[d]}" for d in dtypes), flush=True)
+
+
+def summaries(rows) -> list:
+    """Per (dtype, shim): torch/flux geometric mean, minimum, rows below 1.0; and for 16-bit
+    rows, flux float32 / flux 16-bit (geometric mean, minimum, rows below 0.7)."""
+    out = []
+    done = [r for r in rows if "skip" not in r]
+    for dt, shim in dict.fromkeys((r["dtype"], r["shim"]) for r in done):
+        sel = [r for r in done if r["dtype"] == dt and r["shim"] == shim]
+        ratios = [r["ratio"] for r in sel]
+        own = [r["own_f32"] for r in sel if r.get("own_f32")]
+        out.append(dict(dtype=dt, shim=shim, rows=len(sel), geomean=geomean(ratios), min=min(ratios),
+                        below_1=sum(x < 1.0 for x in ratios),
+                        min_row=min(sel, key=lambda r: r["ratio"])["key"],
+                        own_f32_geomean=geomean(own) if own else None, own_f32_min=min(own) if own else None,
+                        own_f32_below_0_7=sum(x < 0.7 for x in own) if own else None,
+                        own_f32_min_row=min((r for r in sel if r.get("own_f32")), key=lambda r: r["own_f32"])["key"]
+                        if own else None))
+    return out
+
+
+def print_summaries(summ) -> None:
+    print("| dtype | shim | rows | torch/flux geomean | min (row) | rows < 1.0 | vs own f32 geomean | min (row) | rows < 0.7 |")
+    print("|---|---|---:|---:|---|---:|---:|---|---:|")
+    for s in summ:
+        own = (f"{s['own_f32_geomean']:.2f} | {s['own_f32_min']:.2f} ({s['own_f32_min_row']}) | {s['own_f32_below_0_7']}"
+               if s["own_f32_geomean"] is not None else "- | - | -")
+        print(f"| {s['dtype']} | {s['shim']} | {s['rows']} | {s['geomean']:.2f} | {s['min']:.2f} ({s['min_row']}) | "
+              f"{s['below_1']} | {own} |")
+
+
 def print_markdown(rows, tiny_result, with_numpy):
-    head = "| op | dtype | N | layout | layer | flux ms | torch ms | torch/flux | of minima |"
-    sep = "|---|---|---:|---|---|---:|---:|---:|---:|"
+    with_own = any(r.get("own_f32") for r in rows)
+    head = "| op | dtype | shim | N | layout | layer | flux ms | torch ms | torch/flux | of minima |"
+    sep = "|---|---|---|---:|---|---|---:|---:|---:|---:|"
+    if with_own:
+        head += " flux f32 ms | vs own f32 |"
+        sep += "---:|---:|"
     if with_numpy:
         head += " flux(numpy) ms |"
         sep += "---:|"
@@ -344,24 +436,46 @@ def print_markdown(rows, tiny_result, with_numpy):
     for r in rows:
         if "skip" in r:
             continue
-        line = (f"| {r['op']} | {r['dtype']} | {r['N']} | {r['layout']} | {r['layer']} | "
-                f"{r['flux_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}{' **<0.9**' if r['ratio'] < 0.9 else ''} | "
+        line = (f"| {r['op']} | {r['dtype']} | {r['shim']} | {r['N']} | {r['layout']} | {r['layer']} | "
+                f"{r['flux_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}{' **<1**' if r['ratio'] < 1.0 else ''} | "
                 + (f"{r['ratio_min']:.2f} |" if "ratio_min" in r else "- |"))
+        if with_own:
+            line += (f" {r['flux_f32_ms']:.3f} | {r['own_f32']:.2f}{' **<0.7**' if r['own_f32'] < 0.7 else ''} |"
+                     if r.get("own_f32") else " - | - |")
         if with_numpy:
             line += f" {r['flux_numpy_ms']:.3f} |" if r.get("flux_numpy_ms") else " - |"
         print(line)
     print()
     print("Geometric mean of torch/flux:")
     print()
-    print("| op | dtype | all | " + " | ".join(f"N={n} {l}" for n, l in _groups(rows)) + " |")
-    print("|---|---|---:|" + "---:|" * len(_groups(rows)))
-    for op, dt in dict.fromkeys((r["op"], r["dtype"]) for r in rows if "skip" not in r):
-        sel = [r for r in rows if "skip" not in r and r["op"] == op and r["dtype"] == dt]
+    print("| op | dtype | shim | all | " + " | ".join(f"N={n} {l}" for n, l in _groups(rows)) + " |")
+    print("|---|---|---|---:|" + "---:|" * len(_groups(rows)))
+    for op, dt, shim in dict.fromkeys((r["op"], r["dtype"], r["shim"]) for r in rows if "skip" not in r):
+        sel = [r for r in rows if "skip" not in r and r["op"] == op and r["dtype"] == dt and r["shim"] == shim]
         cells = []
         for n, l in _groups(rows):
             sub = [r["ratio"] for r in sel if r["N"] == n and r["layout"] == l]
             cells.append(f"{geomean(sub):.2f}" if sub else "-")
-        print(f"| {op} | {dt} | {geomean([r['ratio'] for r in sel]):.2f} | " + " | ".join(cells) + " |")
+        print(f"| {op} | {dt} | {shim} | {geomean([r['ratio'] for r in sel]):.2f} | " + " | ".join(cells) + " |")
+    if with_own:
+        print()
+        print("Geometric mean of vs own f32 (flux float32 ms / flux 16-bit ms):")
+        print()
+        print("| op | dtype | shim | all | " + " | ".join(f"N={n} {l}" for n, l in _groups(rows)) + " |")
+        print("|---|---|---|---:|" + "---:|" * len(_groups(rows)))
+        for op, dt, shim in dict.fromkeys((r["op"], r["dtype"], r["shim"]) for r in rows
+                                          if "skip" not in r and r.get("own_f32")):
+            sel = [r for r in rows if "skip" not in r and r.get("own_f32") and r["op"] == op and r["dtype"] == dt
+                   and r["shim"] == shim]
+            cells = []
+            for n, l in _groups(rows):
+                sub = [r["own_f32"] for r in sel if r["N"] == n and r["layout"] == l]
+                cells.append(f"{geomean(sub):.2f}" if sub else "-")
+            print(f"| {op} | {dt} | {shim} | {geomean([r['own_f32'] for r in sel]):.2f} | " + " | ".join(cells) + " |")
+    print()
+    print("Summary per (dtype, shim) over all rows:")
+    print()
+    print_summaries(summaries(rows))
     skipped = dict.fromkeys(r["skip"] for r in rows if "skip" in r)
     for why in skipped:
         print(f"\nSkipped: {why}")
@@ -388,19 +502,32 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short run: fewer repetitions, 2000 tiny calls")
     ap.add_argument("--ops", default="forward", help=f"comma list of {','.join(OPS)} (default forward)")
-    ap.add_argument("--dtypes", default="float32", help="comma list of float32,bfloat16,float16")
+    ap.add_argument("--dtypes", default="float32", help=f"comma list of {','.join(DTYPES)}; a 16-bit dtype also "
+                    "times flux_dnn in float32 on the same problem (the 'vs own f32' column)")
+    ap.add_argument("--shims", default=None, help="NAME[,NAME]: set FLUX_DNN_SHIMS (before flux_dnn is imported), "
+                    "e.g. 'blas' to force the BLAS shim for every dtype")
     ap.add_argument("--batch", default="1,16", help="comma list of batch sizes")
     ap.add_argument("--layouts", default="nchw,nhwc", help="comma list of nchw,nhwc (nhwc: x, w, dy channels-last)")
     ap.add_argument("--layers", default="", help="substring filter on layer names (comma list)")
     ap.add_argument("--numpy", action="store_true", help="also time flux_dnn on NumPy views (float32)")
     ap.add_argument("--algorithm", default="heuristic", help="flux_dnn algorithm: heuristic, benchmark or 0/1/2 (forward only)")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per layer (default 2, --quick 0.4)")
+    ap.add_argument("--min-reps", type=int, default=None, help="fewest timed calls of each callable (default 15, --quick 5)")
+    ap.add_argument("--max-reps", type=int, default=None, help="most timed calls of each callable (default 400, --quick 50)")
     ap.add_argument("--tiny-calls", type=int, default=None, help="calls for the tiny conv (default 20000, --quick 2000; 0 skips)")
     ap.add_argument("--no-tiny", action="store_true", help="skip the tiny conv")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables at the end")
     ap.add_argument("--json", default=None, help="write raw results to this file")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (oneDNN in flux_dnn follows OMP_NUM_THREADS)")
     args = ap.parse_args(argv)
+
+    if args.shims is not None and os.environ.get("FLUX_DNN_SHIMS") != args.shims:
+        # main() called with an argv of its own: flux_dnn is imported, but its registry reads
+        # FLUX_DNN_SHIMS lazily, at first use; reset it in case something used it already.
+        os.environ["FLUX_DNN_SHIMS"] = args.shims
+        from flux_dnn._discovery import REGISTRY
+
+        REGISTRY.reset()
 
     ops = [o for o in args.ops.split(",") if o]
     for o in ops:
@@ -409,20 +536,27 @@ def main(argv=None) -> int:
     dtypes = [d for d in args.dtypes.split(",") if d]
     for d in dtypes:
         if d not in DTYPES:
-            ap.error(f"--dtypes: unknown dtype {d!r}")
+            ap.error(f"--dtypes: unknown dtype {d!r}; known: {', '.join(DTYPES)}")
     batches = [int(b) for b in args.batch.split(",") if b]
     layouts = [l for l in args.layouts.split(",") if l]
     layers = [L for L in LAYERS if not args.layers or any(f in L.name for f in args.layers.split(","))]
     budget = args.budget if args.budget is not None else (0.4 if args.quick else 2.0)
     min_reps, max_reps = (5, 50) if args.quick else (15, 400)
+    min_reps = args.min_reps if args.min_reps is not None else min_reps
+    max_reps = max(min_reps, args.max_reps if args.max_reps is not None else max_reps)
     tiny_calls = 0 if args.no_tiny else (args.tiny_calls if args.tiny_calls is not None else (2000 if args.quick else 20000))
     if args.threads:
         torch.set_num_threads(args.threads)
     algorithm = args.algorithm if args.algorithm in ("heuristic", "benchmark") else int(args.algorithm)
     fkw = {} if algorithm == "heuristic" else {"algorithm": algorithm}
 
+    load_start = os.getloadavg()
+    t_start = time.perf_counter()
+    shims_list = cpu_shims()
+    serving = {d: serving_shim(d, shims_list) for d in dict.fromkeys(dtypes + (["float32"] if set(dtypes) & set(SIXTEEN) else []))}
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}", flush=True)
     print(f"# {machine_text()}", flush=True)
+    print_header(list(serving), shims_list, serving, load_start)
     print(f"# command: {' '.join([os.path.basename(sys.executable)] + sys.argv)}", flush=True)
 
     gen = torch.Generator().manual_seed(0)
@@ -434,7 +568,8 @@ def main(argv=None) -> int:
                     for layout in layouts:
                         for L in layers:
                             case = make_case(op, L, n, DTYPES[dt], layout, gen, fkw)
-                            base = dict(op=op, dtype=dt, N=n, layout=layout, layer=L.name)
+                            base = dict(op=op, dtype=dt, shim=serving[dt], N=n, layout=layout, layer=L.name,
+                                        key=f"{op} N={n} {layout} {L.name}")
                             if isinstance(case, str):
                                 rows.append(base | {"skip": case})
                                 print(f"{op:16s} {dt:9s} N={n:<3d} {layout} {L.name:24s} skipped: {case}", flush=True)
@@ -442,22 +577,33 @@ def main(argv=None) -> int:
                             fns = {"flux": case["flux"], "torch": case["torch"]}
                             if args.numpy and case.get("flux_numpy"):
                                 fns["flux_numpy"] = case["flux_numpy"]
+                            first = {}
                             try:
-                                err = check(fns, DTYPES[dt])
+                                err = check(fns, DTYPES[dt], first)
+                                if dt in SIXTEEN:  # flux_dnn in float32 on the same problem, same tensors' shapes
+                                    f32 = make_case(op, L, n, torch.float32, layout, torch.Generator().manual_seed(1), fkw)
+                                    fns["flux_f32"] = f32["flux"]
+                                    first["flux_f32"] = _time_once(fns["flux_f32"])
                             except Exception as e:  # noqa: BLE001 -- report and go on
                                 rows.append(base | {"skip": f"{op} {dt} {layout}: {type(e).__name__}: {e}"})
                                 print(f"{op:16s} {dt:9s} N={n:<3d} {layout} {L.name:24s} error: {e}", flush=True)
                                 continue
-                            t = interleaved(fns, budget, min_reps, max_reps)
+                            t = interleaved(fns, budget, min_reps, max_reps, own_reps=True, first_ms=first)
                             r = base | dict(flux_ms=t["flux"], torch_ms=t["torch"], ratio=t["torch"] / t["flux"],
                                             ratio_min=t["_min torch"] / t["_min flux"],
-                                            reps=t["_reps"], max_rel_diff=err)
+                                            reps=t["_reps"], reps_flux=t["_reps flux"], reps_torch=t["_reps torch"],
+                                            max_rel_diff=err)
                             if "flux_numpy" in t:
                                 r["flux_numpy_ms"] = t["flux_numpy"]
+                            if "flux_f32" in t:
+                                r |= dict(flux_f32_ms=t["flux_f32"], own_f32=t["flux_f32"] / t["flux"],
+                                          own_f32_min=t["_min flux_f32"] / t["_min flux"], reps_flux_f32=t["_reps flux_f32"],
+                                          shim_f32=serving["float32"])
                             rows.append(r)
-                            print(f"{op:16s} {dt:9s} N={n:<3d} {layout} {L.name:24s} flux {t['flux']:9.3f} ms  "
-                                  f"torch {t['torch']:9.3f} ms  torch/flux {r['ratio']:5.2f} (of minima {r['ratio_min']:5.2f})  "
-                                  f"(reps {t['_reps']}, rel diff {err:.1e})"
+                            print(f"{op:16s} {dt:9s} {r['shim']:6s} N={n:<3d} {layout} {L.name:24s} flux {t['flux']:9.3f} ms  "
+                                  f"torch {t['torch']:9.3f} ms  torch/flux {r['ratio']:6.2f} (of minima {r['ratio_min']:6.2f})"
+                                  + (f"  flux f32 {t['flux_f32']:8.3f} ms vs own f32 {r['own_f32']:4.2f}" if "flux_f32" in t else "")
+                                  + f"  (reps flux {t['_reps flux']} torch {t['_reps torch']}, rel diff {err:.1e})"
                                   + (f"  flux(numpy) {t['flux_numpy']:.3f} ms" if "flux_numpy" in t else ""),
                                   flush=True)
 
@@ -467,13 +613,25 @@ def main(argv=None) -> int:
         print("tiny conv µs/call: " + "  ".join(f"{k} {v:.2f}" for k, v in tiny_result.items() if k != "calls"),
               flush=True)
 
+    load_end = os.getloadavg()
+    elapsed = time.perf_counter() - t_start
     print("\nplan cache:", flux_dnn.plan_cache_info())
+    print()
+    print("Summary per (dtype, shim): torch/flux over all rows; vs own f32 = flux float32 ms / flux 16-bit ms")
+    print()
+    summ = summaries(rows)
+    print_summaries(summ)
+    print(f"\n# load average at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}; "
+          f"(at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}); run took {elapsed:.0f} s", flush=True)
     if args.markdown:
         print()
         print_markdown(rows, tiny_result, args.numpy)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(machine=machine_text(), argv=sys.argv, rows=rows, tiny=tiny_result), f, indent=1)
+            json.dump(dict(machine=machine_text(), cpu=cpu_info(), torch=torch.__version__,
+                           torch_threads=torch.get_num_threads(), shims=shims_list, served_by=serving,
+                           loadavg_start=load_start, loadavg_end=load_end, elapsed_s=elapsed,
+                           argv=sys.argv, rows=rows, summary=summ, tiny=tiny_result), f, indent=1)
     return 0
 
 
