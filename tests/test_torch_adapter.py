@@ -292,7 +292,7 @@ def test_errors_are_python_exceptions(rng):
     with pytest.raises(ValueError, match="stride"):
         ft.conv2d(x, randn(rng, 4, 3, 3, 3), stride=0)
     with pytest.raises(TypeError, match="dtype"):
-        ft.conv2d(x.double(), randn(rng, 4, 3, 3, 3).double())
+        ft.conv2d(x.to(torch.complex64), randn(rng, 4, 3, 3, 3).to(torch.complex64))
     with pytest.raises(ValueError, match="x"):
         ft.Conv2d(3, 4, 3)(randn(rng, 8, 8))
     with pytest.raises(TypeError, match="x"):
