@@ -32,10 +32,14 @@ def _preload_onednn() -> None:
 
 
 def shim_spec() -> ShimSpec:
+    library = pathlib.Path(__file__).with_name("libflux_dnn_onednn.so")
+    if not library.exists():  # recorded as this entry's reason; the BLAS shim serves the CPU
+        raise FileNotFoundError("this flux_dnn build has no oneDNN shim (built with FLUX_DNN_BUILD_ONEDNN=OFF, "
+                                "or a platform without oneDNN wheels)")
     return ShimSpec(
         name="onednn",
         device_type=1,
-        library=str(pathlib.Path(__file__).with_name("libflux_dnn_onednn.so")),
+        library=str(library),
         priority=100,  # the CPU's first choice for every dtype it computes (all but float64)
         preload=_preload_onednn,
         install_hint="pip install --force-reinstall onednn-cpu-gomp==2023.2.0",
