@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import flux_dnn
@@ -129,3 +130,32 @@ def test_info_command_prints_onednn_version():
     result = subprocess.run([sys.executable, "-m", "flux_dnn", "info"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "shim onednn [CPU]: usable" in result.stdout and "oneDNN 3." in result.stdout
+
+
+def test_info_tells_the_truth_per_dtype(rng):
+    """Every dtype `info` lists for CPU arrays runs on the shim it names, in the way the shim
+    reports (a converted dtype's plan says it computes in float32), and matches float64."""
+    import reference as ref
+    from conftest import DTYPES, numpy_dtype
+
+    result = subprocess.run([sys.executable, "-m", "flux_dnn", "info"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    serving = result.stdout.split("CPU arrays:\n", 1)[1].splitlines()[:len(DTYPES)]
+    statuses = {s.name: s for s in flux_dnn.shims()}
+    for line in serving:
+        dtype, shim = line.split()[:2]
+        dtype = dtype.rstrip(":")
+        if shim == "not":  # "not supported"
+            continue
+        how, _ = statuses[shim].dtype_support[dtype]
+        assert ("(converted)" in line) == (how == "converted"), line
+        x = (rng.integers(-4, 5, (2, 4, 7, 6)) / 4).astype(numpy_dtype(dtype))
+        w = (rng.integers(-4, 5, (3, 4, 3, 3)) / 4).astype(numpy_dtype(dtype))
+        plan = flux_dnn.conv_plan(x, w, padding=1)
+        y = plan(x)
+        assert y.dtype == x.dtype
+        np.testing.assert_allclose(y.astype(np.float64), ref.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1)),
+                                   rtol=1e-2, atol=1e-2)
+        if shim == "onednn":
+            assert ("computed in float32" in plan.algorithm) == (how == "converted"), (dtype, plan.algorithm)
+    assert {line.split()[0].rstrip(":") for line in serving} == set(DTYPES)
