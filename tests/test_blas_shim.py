@@ -527,6 +527,8 @@ def test_execute_rejects_small_workspace_and_null_data(shim):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # JAX, if a test imported it, warns at any fork
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_runs_in_forked_child(shim, rng):
     """After the parent ran threaded copy loops, a forked child still computes (one thread
     there: GNU libgomp's team does not survive fork)."""

@@ -31,16 +31,19 @@ def _preload_onednn() -> None:
         raise OSError(f"oneDNN ({_LIBDNNL}) not found: the onednn-cpu-gomp==2023.2.0 wheel is not installed ({exc})") from None
 
 
+def _not_built() -> None:
+    raise FileNotFoundError("this flux_dnn build has no oneDNN shim (built with FLUX_DNN_BUILD_ONEDNN=OFF, "
+                            "or for a platform without oneDNN wheels); the BLAS shim serves CPU arrays")
+
+
 def shim_spec() -> ShimSpec:
     library = pathlib.Path(__file__).with_name("libflux_dnn_onednn.so")
-    if not library.exists():  # recorded as this entry's reason; the BLAS shim serves the CPU
-        raise FileNotFoundError("this flux_dnn build has no oneDNN shim (built with FLUX_DNN_BUILD_ONEDNN=OFF, "
-                                "or a platform without oneDNN wheels)")
     return ShimSpec(
         name="onednn",
         device_type=1,
         library=str(library),
         priority=100,  # the CPU's first choice for every dtype it computes (all but float64)
-        preload=_preload_onednn,
+        # A build without the library records why when CPU arrays ask for it, and only then.
+        preload=_preload_onednn if library.exists() else _not_built,
         install_hint="pip install --force-reinstall onednn-cpu-gomp==2023.2.0",
     )
