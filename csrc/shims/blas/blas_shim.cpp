@@ -31,7 +31,7 @@ using fdnn_shim::fail;
 
 namespace {
 
-using namespace fdnn_blas;
+using namespace fdnn_shim;  // fp16.hpp
 
 // ------------------------------------------------------------------------------------------
 // Element types

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "convert16.hpp"
 #include "shim_common.hpp"
 
 using dnnl::memory;
@@ -84,6 +85,10 @@ memory::data_type to_dnnl(FDNN_DLDataType t) {
   if (t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 16) return memory::data_type::f16;
   if (t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16) return memory::data_type::bf16;
   return memory::data_type::undef;
+}
+
+bool is_16bit(memory::data_type dt) {
+  return dt == memory::data_type::f16 || dt == memory::data_type::bf16;
 }
 
 // Turns a dnnl::error into an FDNN failure with oneDNN's status and the conv parameters.
@@ -226,6 +231,17 @@ struct Operand {
   bool reorder_scaled = false;  // the reorder applies alpha through a source scale
   // Weights packed into the plan (Conv_Plan_Pack_Weights): used instead of the caller's.
   std::shared_ptr<void> packed;
+  // A dense 16-bit operand of a plan computed in float32: this shim widens it into (input) or
+  // narrows it from (output: alpha, beta, one rounding) a float32 copy in the caller's strides
+  // at `wide_offset` in the workspace, with F16C where the CPU has it; oneDNN 3.2 converts
+  // through its generic reorder on CPUs without AVX512-FP16, 50 to 200 times slower. The
+  // primitive, or the staging reorder when the layouts differ, then uses the copy.
+  bool widened = false;
+  fdnn_shim::Half16 half_type = fdnn_shim::Half16::kFloat16;
+  memory::desc wide_md;  // float32, the caller's strides
+  size_t wide_offset = 0;
+  size_t elements = 0;
+  float narrow_alpha = 1.f;  // alpha the narrowing applies (backward ops: forward has it fused)
 };
 
 uint64_t next_plan_id() {
@@ -241,6 +257,7 @@ struct Plan {
   size_t scratchpad_size = 0;
   size_t workspace_size = 0;
   float alpha = 1.f;
+  float beta = 0.f;
   int64_t algo_id = 0;
   std::string name;
 };
@@ -401,10 +418,57 @@ void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
+// The number of elements of a tensor whose elements fill one block of memory without gaps, in
+// any dimension order (plain, channels-last, ...), else 0.
+size_t dense_elements(const FDNN_DLTensor* t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that matter
+  size_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) {
+    n *= static_cast<size_t>(t->shape[i]);
+    if (t->shape[i] != 1) dims.emplace_back(t->strides[i], t->shape[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t step = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != step) return 0;
+    step *= size;
+  }
+  return n;
+}
+
+// Makes `o` a widened operand (see Operand) when it is a dense 16-bit operand of a float32
+// primitive; returns the workspace offset after its float32 copy.
+size_t widen_operand(const FDNN_Conv_Plan_Create_Args& a, Operand& o, size_t offset) {
+  const FDNN_DLTensor* tensors[4] = {a.x, a.w, a.y, a.bias};
+  const memory::data_type user_dt = o.user_md.get_data_type();
+  if (!is_16bit(user_dt) || o.prim_md.get_data_type() != memory::data_type::f32) return offset;
+  o.elements = dense_elements(tensors[o.slot]);
+  if (o.elements == 0) return offset;  // gaps: oneDNN's reorder converts it, slowly but right
+  o.widened = true;
+  o.half_type = user_dt == memory::data_type::f16 ? fdnn_shim::Half16::kFloat16
+                                                  : fdnn_shim::Half16::kBFloat16;
+  o.wide_md = memory::desc(o.user_md.get_dims(), memory::data_type::f32, o.user_md.get_strides());
+  o.wide_offset = offset;
+  o.narrow_alpha = o.output && a.op != FDNN_CONV_FORWARD ? a.alpha : 1.f;
+  return offset + align64(o.elements * sizeof(float));
+}
+
 // Creates the reorders and places the staging buffers after the scratchpad.
 void stage_operands(const FDNN_Conv_Plan_Create_Args& a, bool outputs_accumulate, Plan& plan) {
   size_t offset = align64(plan.scratchpad_size);
   for (Operand& o : plan.operands) {
+    offset = widen_operand(a, o, offset);
+    if (o.widened) {  // alpha and beta are the narrowing's; a reorder only relays out
+      o.staged = o.prim_md != o.wide_md;
+      if (!o.staged) continue;
+      o.offset = offset;
+      offset += align64(o.prim_md.get_size());
+      o.reorder = o.output ? dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), o.prim_md,
+                                                                         cpu_engine(), o.wide_md))
+                           : dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), o.wide_md,
+                                                                         cpu_engine(), o.prim_md));
+      continue;
+    }
     const bool relayout = o.prim_md != o.user_md;
     o.staged = relayout || (o.output && outputs_accumulate);
     if (!o.staged) continue;
@@ -446,6 +510,7 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t algo) {
       a.op == FDNN_CONV_FORWARD ? false : (a.beta != 0.f || a.alpha != 1.f);
   Plan plan;
   plan.alpha = a.alpha;
+  plan.beta = a.beta;
   plan.algo_id = algo;
   build_primitive(p, layouts, outputs_accumulate, plan);
   // A forward output relaid out by a reorder cannot take the conv's sum post-op (it would
@@ -602,9 +667,6 @@ const NativeOps& native_ops(memory::data_type dt) {
   return dt == memory::data_type::f16 ? f16 : dt == memory::data_type::bf16 ? bf16 : f32;
 }
 
-bool is_16bit(memory::data_type dt) {
-  return dt == memory::data_type::f16 || dt == memory::data_type::bf16;
-}
 
 // The heuristic plan, natively where oneDNN has a real kernel for this dtype and op, else (and
 // when a native attempt finds only the reference implementation or none for this shape)
@@ -656,13 +718,15 @@ BoundArgs bind(const Plan& plan) {
   b.staged.resize(plan.operands.size());
   for (size_t i = 0; i < plan.operands.size(); ++i) {
     const Operand& o = plan.operands[i];
+    // What the primitive or its reorder reads or writes on the caller's side.
+    const memory::desc& outer = o.widened ? o.wide_md : o.user_md;
     if (o.packed) {
       b.conv[o.arg] = memory(o.prim_md, eng, o.packed.get());
     } else if (!o.staged) {
-      b.conv[o.arg] = memory(o.user_md, eng, DNNL_MEMORY_NONE);
+      b.conv[o.arg] = memory(outer, eng, DNNL_MEMORY_NONE);
     } else {
       BoundArgs::Staged& st = b.staged[i];
-      st.user = memory(o.user_md, eng, DNNL_MEMORY_NONE);
+      st.user = memory(outer, eng, DNNL_MEMORY_NONE);
       st.staging = memory(o.prim_md, eng, DNNL_MEMORY_NONE);
       b.conv[o.arg] = st.staging;
       st.reorder = {{DNNL_ARG_FROM, o.output ? st.staging : st.user},
@@ -684,6 +748,31 @@ BoundArgs& bound_args(const Plan& plan) {
   return bound.emplace(plan.id, bind(plan)).first->second;
 }
 
+// Converts a widened operand in chunks over the OpenMP team (the caller's TeamSize).
+constexpr size_t kConvertChunk = size_t{1} << 15;
+
+void widen(const Operand& o, const void* user, float* wide) {
+  const auto* src = static_cast<const uint16_t*>(user);
+  const int64_t chunks = static_cast<int64_t>((o.elements + kConvertChunk - 1) / kConvertChunk);
+#pragma omp parallel for if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t begin = static_cast<size_t>(c) * kConvertChunk;
+    const size_t n = std::min(kConvertChunk, o.elements - begin);
+    fdnn_shim::widen16(o.half_type, src + begin, wide + begin, n);
+  }
+}
+
+void narrow(const Operand& o, const float* wide, void* user, float beta) {
+  auto* dst = static_cast<uint16_t*>(user);
+  const int64_t chunks = static_cast<int64_t>((o.elements + kConvertChunk - 1) / kConvertChunk);
+#pragma omp parallel for if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t begin = static_cast<size_t>(c) * kConvertChunk;
+    const size_t n = std::min(kConvertChunk, o.elements - begin);
+    fdnn_shim::narrow16(o.half_type, wide + begin, dst + begin, n, o.narrow_alpha, beta);
+  }
+}
+
 void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
   TeamSize team(plan.threads);
   dnnl::stream& s = cpu_stream();
@@ -694,12 +783,14 @@ void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
     if (o.packed) continue;
     if (pointers[o.slot] == nullptr)
       fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs is NULL");
+    void* outer = o.widened ? workspace + o.wide_offset : pointers[o.slot];
+    if (o.widened && !o.output) widen(o, pointers[o.slot], static_cast<float*>(outer));
     if (!o.staged) {
-      b.conv[o.arg].set_data_handle(pointers[o.slot]);
+      b.conv[o.arg].set_data_handle(outer);
       continue;
     }
     BoundArgs::Staged& st = b.staged[i];
-    st.user.set_data_handle(pointers[o.slot]);
+    st.user.set_data_handle(outer);
     st.staging.set_data_handle(workspace + o.offset);
     if (!o.output) o.reorder.execute(s, st.reorder);
   }
@@ -708,6 +799,10 @@ void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
     if (plan.operands[i].staged && plan.operands[i].output)
       plan.operands[i].reorder.execute(s, b.staged[i].reorder);
   s.wait();
+  for (const Operand& o : plan.operands)
+    if (o.widened && o.output)
+      narrow(o, reinterpret_cast<const float*>(workspace + o.wide_offset), pointers[o.slot],
+             plan.beta);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -876,6 +971,7 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
              status_text(e.status), e.what());
       }
       o.staged = false;
+      o.widened = false;
     }
     packed->name += " [packed weights]";
     args->workspace_size = packed->workspace_size;

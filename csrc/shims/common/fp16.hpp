@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace fdnn_blas {
+namespace fdnn_shim {
 
 inline uint32_t bits_of(float f) {
   uint32_t u;
@@ -61,4 +61,4 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-}  // namespace fdnn_blas
+}  // namespace fdnn_shim
