@@ -302,3 +302,27 @@ def test_16bit_without_the_instruction_set_is_computed_in_float32():
            "PYTHONPATH": __import__("os").path.dirname(__file__)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_views_with_gaps_and_accumulation(rng, dtype):
+    """16-bit arrays whose elements leave gaps (sliced views), into an output with gaps that
+    accumulates (beta): a shim that converts 16-bit data must follow the strides, read the
+    old output once and write nothing between the elements."""
+    require_cpu_dtype(dtype)
+    big_x = grid(rng, (2, 6, 9, 14), dtype)
+    x = big_x[:, ::2, :, ::2]  # (2, 3, 9, 7), gaps in C and W
+    w = grid(rng, (4, 3, 3, 3), dtype)
+    big_out = grid(rng, (2, 4, 9, 14), dtype)
+    before = big_out.copy()
+    out = big_out[:, :, :, 1::2]  # (2, 4, 9, 7), gaps in W
+    existing = out.astype(np.float64)
+    result = flux_dnn.conv2d(x, w, padding=1, alpha=0.5, beta=1.0, out=out)
+    assert result is out
+    expected = 0.5 * ref.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1)) + existing
+    assert_close(out, expected, dtype)
+    np.testing.assert_array_equal(big_out[:, :, :, 0::2].astype(np.float64), before[:, :, :, 0::2].astype(np.float64))
+    dy = grid(rng, (2, 4, 9, 21), dtype)[:, :, :, ::3]  # gaps in the gradient too
+    dw = flux_dnn.conv_backward_weight(x, dy, w.shape, padding=1)
+    assert dw.dtype == x.dtype
+    assert_close(dw, ref.conv_backward_weight(x, dy, w.shape, (1, 1), (1, 1), (1, 1)), dtype)
