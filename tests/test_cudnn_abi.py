@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -26,7 +27,7 @@ HEADER = os.path.join(os.path.dirname(__file__), "..", "csrc", "include", "flux_
 
 def header_abi_version() -> tuple:
     """(major, minor) as the ABI header writes them: the one place they are written."""
-    text = open(HEADER).read()
+    text = pathlib.Path(HEADER).read_text()
     return tuple(int(re.search(rf"#define FDNN_ABI_{part} (\d+)", text).group(1)) for part in ("MAJOR", "MINOR"))
 
 
