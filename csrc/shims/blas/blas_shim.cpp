@@ -787,6 +787,7 @@ struct Exec {
 
   // --- direct depthwise (C/groups == 1): input channel of output channel k is k / Kg -------
   static constexpr int64_t kBlk = 256;  // elements of one vector block (on the stack)
+  static constexpr int64_t kMaxKw = 32;  // kernel widths whose ranges are precomputed
 
   // Weights widened to (kvol, K): dst[kidx * K + k].
   void dw_pack(const S* src, T* dst) const {
@@ -838,6 +839,9 @@ struct Exec {
         const S* xc = x + n * xs[0] + c * xs[1];
         const T bk = b ? b[k] : T(0);
         T acc[kBlk];
+        int64_t rlo[kMaxKw], rhi[kMaxKw];  // valid ow range per kw (no divisions per row)
+        for (int64_t kw = 0; kw < std::min(p.ks[2], kMaxKw); ++kw)
+          valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], rlo[kw], rhi[kw]);
         for (int64_t od = 0; od < p.out[0]; ++od)
           for (int64_t oh = 0; oh < p.out[1]; ++oh)
             for (int64_t o0 = 0; o0 < p.out[2]; o0 += kBlk) {
@@ -853,7 +857,12 @@ struct Exec {
                   for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
                     const T wv = W[((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k];
                     int64_t a0, a1;
-                    valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], a0, a1);
+                    if (kw < kMaxKw) {
+                      a0 = rlo[kw];
+                      a1 = rhi[kw];
+                    } else {
+                      valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], a0, a1);
+                    }
                     a0 = std::clamp(a0, o0, o0 + len);
                     a1 = std::clamp(a1, a0, o0 + len);
                     const S* xp = xr + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * xs[4];
@@ -930,10 +939,13 @@ struct Exec {
       for (int64_t nc = 0; nc < NC; ++nc) {
         const int64_t n = nc / p.C, c = nc % p.C;
         T acc[kBlk];
-        for (int64_t id = 0; id < p.in[0]; ++id)
-          for (int64_t ih = 0; ih < p.in[1]; ++ih)
-            for (int64_t i0 = 0; i0 < p.in[2]; i0 += kBlk) {
-              const int64_t len = std::min(kBlk, p.in[2] - i0);
+        int64_t rlo[kMaxKw], rhi[kMaxKw];
+        for (int64_t i0 = 0; i0 < p.in[2]; i0 += kBlk) {
+          const int64_t len = std::min(kBlk, p.in[2] - i0);
+          for (int64_t kw = 0; kw < std::min(p.ks[2], kMaxKw); ++kw)
+            valid_range(len, p.out[2], p.st[2], p.lo[2] + i0, kw * p.dil[2], rlo[kw], rhi[kw]);
+          for (int64_t id = 0; id < p.in[0]; ++id)
+            for (int64_t ih = 0; ih < p.in[1]; ++ih) {
               std::fill(acc, acc + len, T(0));
               for (int64_t m = 0; m < p.Kg; ++m) {
                 const int64_t k = c * p.Kg + m;
@@ -948,7 +960,12 @@ struct Exec {
                     for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
                       const T wv = W[((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k];
                       int64_t a0, a1;  // ow whose iw = ow*st - lo + kw*dil lies in [i0, i0+len)
-                      valid_range(len, p.out[2], p.st[2], p.lo[2] + i0, kw * p.dil[2], a0, a1);
+                      if (kw < kMaxKw) {
+                        a0 = rlo[kw];
+                        a1 = rhi[kw];
+                      } else {
+                        valid_range(len, p.out[2], p.st[2], p.lo[2] + i0, kw * p.dil[2], a0, a1);
+                      }
                       if (a0 >= a1) continue;
                       T* ac = acc + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2] - i0);
                       const S* yp = yr + a0 * ys[4];
@@ -965,6 +982,7 @@ struct Exec {
               for (int64_t t = 0; t < len; ++t) acc[t] *= alpha;
               dw_store(x + n * xs[0] + c * xs[1] + id * xs[2] + ih * xs[3] + i0 * xs[4], xs[4], acc, len);
             }
+        }
       }
       return;
     }
@@ -1031,29 +1049,31 @@ struct Exec {
           const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
           int64_t a0, a1;
           valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], a0, a1);
-          const int64_t cnt = a1 - a0, s4 = ys[4], step = p.st[2] * xs[4];
+          const int64_t s4 = ys[4], step = p.st[2] * xs[4];
           double total = 0;
-          for (int64_t n = 0; n < p.N; ++n)
-            for (int64_t od = 0; od < p.out[0]; ++od) {
-              const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
-              if (id < 0 || id >= p.in[0]) continue;
-              for (int64_t oh = 0; oh < p.out[1]; ++oh) {
-                const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
-                if (ih < 0 || ih >= p.in[1] || cnt <= 0) continue;
-                const S* yp = y + n * ys[0] + k * ys[1] + od * ys[2] + oh * ys[3] + a0 * s4;
-                const S* xp = x + n * xs[0] + c * xs[1] + id * xs[2] + ih * xs[3] +
-                              (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * xs[4];
-                T sum = 0;
-                if (s4 == 1 && step == 1) {
-#pragma omp simd reduction(+ : sum)
-                  for (int64_t t = 0; t < cnt; ++t) sum += widen(yp[t]) * widen(xp[t]);
-                } else {
-#pragma omp simd reduction(+ : sum)
-                  for (int64_t t = 0; t < cnt; ++t) sum += widen(yp[t * s4]) * widen(xp[t * step]);
+          T vacc[kBlk];  // per-lane sums over rows, reduced once per block
+          for (int64_t b0 = a0; b0 < a1; b0 += kBlk) {
+            const int64_t cnt = std::min(kBlk, a1 - b0);
+            std::fill(vacc, vacc + cnt, T(0));
+            for (int64_t n = 0; n < p.N; ++n)
+              for (int64_t od = 0; od < p.out[0]; ++od) {
+                const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
+                if (id < 0 || id >= p.in[0]) continue;
+                for (int64_t oh = 0; oh < p.out[1]; ++oh) {
+                  const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+                  if (ih < 0 || ih >= p.in[1]) continue;
+                  const S* yp = y + n * ys[0] + k * ys[1] + od * ys[2] + oh * ys[3] + b0 * s4;
+                  const S* xp = x + n * xs[0] + c * xs[1] + id * xs[2] + ih * xs[3] +
+                                (b0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * xs[4];
+                  if (s4 == 1 && step == 1) {
+                    for (int64_t t = 0; t < cnt; ++t) vacc[t] += widen(yp[t]) * widen(xp[t]);
+                  } else {
+                    for (int64_t t = 0; t < cnt; ++t) vacc[t] += widen(yp[t * s4]) * widen(xp[t * step]);
+                  }
                 }
-                total += sum;
               }
-            }
+            for (int64_t t = 0; t < cnt; ++t) total += vacc[t];
+          }
           store_w(k, kidx, static_cast<T>(total));
         }
       }
