@@ -7,7 +7,8 @@
 //  - "cols" lowering (NC[D]HW): per image, one column per output position, rows
 //    (c, kd, kh, kw) in the weights' own order; one GEMM per image and group writes y.
 // A 1x1, stride-1, unpadded convolution in a matching layout uses x itself as the im2col
-// matrix. float64 and float32 run natively (dgemm, sgemm); float16 and bfloat16 are
+// matrix. Depthwise convolutions (one input channel per group) skip GEMM: direct loops
+// vectorised over the output's innermost contiguous dim (algo 4). float64 and float32 run natively (dgemm, sgemm); float16 and bfloat16 are
 // converted to float32 while gathered into the workspace, computed in float32 and rounded
 // once into the output. Everything a call needs lives in the caller's workspace: a plan holds
 // no mutable state and may execute on several threads at once.
