@@ -272,6 +272,14 @@ Lowering heuristic_lowering(const FDNN_Conv_Plan_Create_Args& a) {
   const FDNN_DLTensor* y = a.y;
   // One input channel per group: a GEMM per group is tiny; direct loops win by far.
   if (a.groups > 1 && a.w->shape[1] == 1) return kDepthwise;
+  // Backward-weight of one image: dW = dY^T * Col (rows) runs OpenBLAS's transposed-A kernel
+  // with a short inner dim, far slower than dY * Col^T (cols) even after gathering a
+  // channels-last dy and scattering dW.
+  if (a.op == FDNN_CONV_BACKWARD_WEIGHT && y->shape[0] == 1 && dt_of(a.x->dtype) == kF64) {
+    int64_t osp = 1;
+    for (int i = 2; i < y->ndim; ++i) osp *= y->shape[i];
+    if (osp <= 256) return kCols;
+  }
   if (y->shape[1] > 1 && y->strides[1] == 1) return kRows;
   int64_t osp = 1;
   bool pointwise = true;
