@@ -334,6 +334,40 @@ def test_depthwise(shim, rng, dtype, lay, op):
               g=geometry(2, k=3, stride=(2, 2), lo=(1, 1), hi=(1, 0)), x_layout=lay, y_layout=lay)
 
 
+DW_GEOMETRIES = {
+    "s2": geometry(2, k=3, stride=(2, 2), lo=(1, 1), hi=(1, 0)),
+    "dil2_asym": geometry(2, k=(3, 2), dilation=(2, 2), lo=(2, 0), hi=(1, 2)),
+    "s1": geometry(2, k=3, lo=(1, 1), hi=(1, 1)),
+}
+
+
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lay", ["dense", "cl", "strided"])
+@pytest.mark.parametrize("mult", [1, 2])
+@pytest.mark.parametrize("geo", sorted(DW_GEOMETRIES))
+def test_direct_depthwise(shim, rng, op, dtype, lay, mult, geo):
+    """C/groups == 1: the direct loops (algo 4, the heuristic's choice), alpha/beta, bias (+ activation)."""
+    beta = 0.5 if geo == "s1" else 0.0
+    act = "leaky_relu" if op == FORWARD and geo != "s1" else None
+    args = conv_case(shim, rng, op, dtype, 2, N=2, C=5, K=5 * mult, size=(7, 6), groups=5, g=DW_GEOMETRIES[geo],
+                     x_layout=lay, y_layout=lay, w_layout=lay, alpha=1.5, beta=beta, bias=op != BACKWARD_DATA,
+                     act=act, act_a=0.25)
+    assert args.chosen_algo_id == 4
+    args = conv_case(shim, rng, op, dtype, 2, N=1, C=4, K=4 * mult, size=(5, 300), groups=4, g=DW_GEOMETRIES[geo],
+                     x_layout=lay, y_layout=lay, policy=2, algo_id=4, bias=op != BACKWARD_DATA, alpha=0.75, beta=beta)
+    assert args.chosen_algo_id == 4
+
+
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("nd", [1, 3])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_direct_depthwise_ranks(shim, rng, op, nd, lay, dtype):
+    conv_case(shim, rng, op, dtype, nd, N=2, C=3, K=6, size=SIZES[nd], groups=3, g=GEOMETRIES[nd], x_layout=lay,
+              y_layout=lay, w_layout=lay, bias=op != BACKWARD_DATA, alpha=2.0, beta=1.0)
+
+
 @pytest.mark.parametrize("act", sorted(ACTIVATIONS))
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("lay", ["dense", "cl"])
@@ -445,6 +479,8 @@ def test_packed_weights(shim, rng):
 def test_benchmark_policy(shim, rng):
     args = conv_case(shim, rng, FORWARD, "float32", 2, size=6, policy=1)
     assert args.chosen_algo_id in (1, 2, 3)
+    args = conv_case(shim, rng, FORWARD, "float32", 2, C=4, K=4, groups=4, size=6, policy=1)
+    assert args.chosen_algo_id in (1, 2, 3, 4)
 
 
 # ---------------------------------------------------------------------------------------------

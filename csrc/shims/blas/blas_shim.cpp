@@ -7,7 +7,8 @@
 //  - "cols" lowering (NC[D]HW): per image, one column per output position, rows
 //    (c, kd, kh, kw) in the weights' own order; one GEMM per image and group writes y.
 // A 1x1, stride-1, unpadded convolution in a matching layout uses x itself as the im2col
-// matrix. float64 and float32 run natively (dgemm, sgemm); float16 and bfloat16 are
+// matrix. Depthwise convolutions (one input channel per group) skip GEMM: direct loops
+// vectorised over the output's innermost contiguous dim (algo 4). float64 and float32 run natively (dgemm, sgemm); float16 and bfloat16 are
 // converted to float32 while gathered into the workspace, computed in float32 and rounded
 // once into the output. Everything a call needs lives in the caller's workspace: a plan holds
 // no mutable state and may execute on several threads at once.
@@ -99,6 +100,7 @@ enum Lowering : int64_t {
   kRows = 1,  // im2col rows over the whole batch (channels-last GEMM)
   kCols = 2,       // im2col columns per image (NC[D]HW GEMM, reads/writes the caller's arrays)
   kColsBatch = 3,  // im2col columns over the batch (one NC[D]HW GEMM for many images)
+  kDepthwise = 4,  // direct loops, one input channel per group (no GEMM)
 };
 
 struct Plan {
@@ -106,6 +108,8 @@ struct Plan {
   Dt dt = kF32;
   Lowering lowering = kRows;  // kRows or kCols (kColsBatch is kCols spanning images)
   bool span_images = false;   // cols chunks may span images (no per-image direct views)
+  bool depthwise = false;     // direct depthwise loops (C/groups == 1)
+  bool dw_cl = false;         // depthwise: vectorised over channels (channels-last y)
   // Geometry, as 3-D with unit leading dims for lower ranks.
   int64_t N = 1, C = 1, K = 1, G = 1, Cg = 1, Kg = 1;
   int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, ks[3] = {1, 1, 1};
@@ -249,11 +253,15 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
     fail(FDNN_ERROR_INVALID_ARGUMENT, "an activation is fused into forward only");
   if (a.algo_policy < FDNN_ALGO_HEURISTIC || a.algo_policy > FDNN_ALGO_GIVEN)
     fail(FDNN_ERROR_INVALID_ARGUMENT, "unknown algo_policy %d", static_cast<int>(a.algo_policy));
-  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 3))
+  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 4))
     fail(FDNN_ERROR_INVALID_ARGUMENT,
          "algo_id %lld is not an OpenBLAS shim algorithm (0 heuristic, 1 rows, 2 cols per "
-         "image, 3 cols over the batch)",
+         "image, 3 cols over the batch, 4 direct depthwise)",
          static_cast<long long>(a.algo_id));
+  if (a.algo_policy == FDNN_ALGO_GIVEN && a.algo_id == 4 && a.w->shape[1] != 1)
+    fail(FDNN_ERROR_UNSUPPORTED,
+         "algo_id 4 (direct depthwise) needs one input channel per group: %s",
+         fdnn_shim::describe_problem(a).c_str());
 }
 
 // Heuristic lowering: channels-last output (channel stride 1) -> rows over the batch; else
@@ -262,6 +270,16 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
 // cost of copying y once).
 Lowering heuristic_lowering(const FDNN_Conv_Plan_Create_Args& a) {
   const FDNN_DLTensor* y = a.y;
+  // One input channel per group: a GEMM per group is tiny; direct loops win by far.
+  if (a.groups > 1 && a.w->shape[1] == 1) return kDepthwise;
+  // Backward-weight of one image: dW = dY^T * Col (rows) runs OpenBLAS's transposed-A kernel
+  // with a short inner dim, far slower than dY * Col^T (cols) even after gathering a
+  // channels-last dy and scattering dW.
+  if (a.op == FDNN_CONV_BACKWARD_WEIGHT && y->shape[0] == 1 && dt_of(a.x->dtype) == kF64) {
+    int64_t osp = 1;
+    for (int i = 2; i < y->ndim; ++i) osp *= y->shape[i];
+    if (osp <= 256) return kCols;
+  }
   if (y->shape[1] > 1 && y->strides[1] == 1) return kRows;
   int64_t osp = 1;
   bool pointwise = true;
@@ -286,7 +304,8 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
   p.dt = dt_of(a.x->dtype);
   p.algo_id = l;
   p.span_images = l == kColsBatch;
-  if (l == kColsBatch) l = kCols;
+  p.depthwise = l == kDepthwise;
+  if (l == kColsBatch || l == kDepthwise) l = kCols;
   p.lowering = l;
   const int rank = a.spatial_rank;
   int64_t xsh[5], wsh[5], ysh[5];
@@ -325,6 +344,30 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
          fdnn_shim::describe_problem(a).c_str());
 
   const bool native = p.dt == kF64 || p.dt == kF32;
+  if (p.depthwise) {
+    // Direct loops: weights widened to (kvol, K) and alpha*bias (forward), or the channels-last
+    // backward-weight accumulator (kvol, K); no im2col.
+    const size_t es = elem_size(p.dt);
+    // Vectorise over channels when y is channels-last (channel stride below the W stride).
+    p.dw_cl = p.K > 1 && (p.ys[1] == 1 || (p.out[2] > 1 && std::llabs(p.ys[1]) < std::llabs(p.ys[4])));
+    p.off_w = 0;
+    size_t off = align64(static_cast<size_t>(p.K * p.kvol) * es);
+    p.off_bias = off;
+    if (p.has_bias && a.op == FDNN_CONV_FORWARD) off += align64(static_cast<size_t>(p.K) * es);
+    p.off_acc = off;
+    if (a.op == FDNN_CONV_BACKWARD_WEIGHT && p.dw_cl) off += align64(static_cast<size_t>(p.K * p.kvol) * es);
+    p.off_col = p.off_y = off;
+    p.workspace = off;
+    p.w_direct = false;
+    p.chunk = p.M;
+    if (a.workspace_limit != SIZE_MAX && p.workspace > a.workspace_limit)
+      fail(FDNN_ERROR_OUT_OF_MEMORY,
+           "the OpenBLAS shim needs at least %zu bytes of workspace, the limit is %zu: %s",
+           p.workspace, a.workspace_limit, fdnn_shim::describe_problem(a).c_str());
+    p.name = std::string("OpenBLAS direct depthwise (") + (p.dw_cl ? "channels-last" : "NC[D]HW") +
+             "), " + dt_label(p.dt);
+    return p;
+  }
   bool pointwise = true;
   for (int i = 0; i < 3; ++i)
     pointwise = pointwise && p.ks[i] == 1 && p.st[i] == 1 && p.lo[i] == 0 && p.in[i] == p.out[i];
@@ -751,6 +794,342 @@ struct Exec {
       for (int64_t p0 = 0; p0 < p.OSP; p0 += p.chunk) f(n * p.OSP + p0, std::min(p.chunk, p.OSP - p0));
   }
 
+  // --- direct depthwise (C/groups == 1): input channel of output channel k is k / Kg -------
+  static constexpr int64_t kBlk = 256;  // elements of one vector block (on the stack)
+  static constexpr int64_t kMaxKw = 32;  // kernel widths whose ranges are precomputed
+
+  // Weights widened to (kvol, K): dst[kidx * K + k].
+  void dw_pack(const S* src, T* dst) const {
+    for (int64_t k = 0; k < p.K; ++k)
+      for (int64_t kidx = 0; kidx < p.kvol; ++kidx) {
+        const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
+        dst[kidx * p.K + k] = widen(src[k * p.ws[0] + kd * p.ws[2] + kh * p.ws[3] + kw * p.ws[4]]);
+      }
+  }
+  const T* dw_weights() const {
+    if (p.packed_w) return reinterpret_cast<const T*>(p.packed_w->data());
+    T* dst = buf(p.off_w);
+    dw_pack(w, dst);
+    return dst;
+  }
+  // Output index along one dim reached from input index i at kernel offset kd*dil, or -1.
+  static int64_t dw_src(int64_t i, int64_t lo, int64_t koff, int64_t s, int64_t out) {
+    const int64_t t = i + lo - koff;
+    if (t < 0 || t % s != 0 || t / s >= out) return -1;
+    return t / s;
+  }
+  void dw_store(S* dst, int64_t step, const T* v, int64_t len) const {
+    const T beta = static_cast<T>(p.beta);
+    if (beta != T(0)) {
+      for (int64_t t = 0; t < len; ++t) store(dst + t * step, static_cast<T>(v[t] + beta * widen(dst[t * step])));
+    } else {
+      for (int64_t t = 0; t < len; ++t) store(dst + t * step, v[t]);
+    }
+  }
+
+  void dw_forward() const {
+    const T* W = dw_weights();
+    const T alpha = static_cast<T>(p.alpha);
+    const T* b = nullptr;
+    if (p.has_bias) {
+      T* bb = buf(p.off_bias);
+      for (int64_t k = 0; k < p.K; ++k) bb[k] = alpha * widen(bias[k * p.bs]);
+      b = bb;
+    }
+    const int64_t* xs = p.xs;
+    const int64_t* ys = p.ys;
+    const int nt_work = threads_for(p.M * p.K * p.kvol);
+    if (!p.dw_cl) {  // vectorised over ow, parallel over (n, k)
+      const int64_t NK = p.N * p.K;
+      const int nt = static_cast<int>(std::min<int64_t>(nt_work, NK));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t nk = 0; nk < NK; ++nk) {
+        const int64_t n = nk / p.K, k = nk % p.K, c = k / p.Kg;
+        const S* xc = x + n * xs[0] + c * xs[1];
+        const T bk = b ? b[k] : T(0);
+        T acc[kBlk];
+        int64_t rlo[kMaxKw], rhi[kMaxKw];  // valid ow range per kw (no divisions per row)
+        for (int64_t kw = 0; kw < std::min(p.ks[2], kMaxKw); ++kw)
+          valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], rlo[kw], rhi[kw]);
+        for (int64_t od = 0; od < p.out[0]; ++od)
+          for (int64_t oh = 0; oh < p.out[1]; ++oh)
+            for (int64_t o0 = 0; o0 < p.out[2]; o0 += kBlk) {
+              const int64_t len = std::min(kBlk, p.out[2] - o0);
+              std::fill(acc, acc + len, T(0));
+              for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
+                const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
+                if (id < 0 || id >= p.in[0]) continue;
+                for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
+                  const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+                  if (ih < 0 || ih >= p.in[1]) continue;
+                  const S* xr = xc + id * xs[2] + ih * xs[3];
+                  for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
+                    const T wv = W[((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k];
+                    int64_t a0, a1;
+                    if (kw < kMaxKw) {
+                      a0 = rlo[kw];
+                      a1 = rhi[kw];
+                    } else {
+                      valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], a0, a1);
+                    }
+                    a0 = std::clamp(a0, o0, o0 + len);
+                    a1 = std::clamp(a1, a0, o0 + len);
+                    const S* xp = xr + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * xs[4];
+                    T* ac = acc + (a0 - o0);
+                    const int64_t cnt = a1 - a0, step = p.st[2] * xs[4];
+                    if (step == 1) {
+                      for (int64_t t = 0; t < cnt; ++t) ac[t] += wv * widen(xp[t]);
+                    } else {
+                      for (int64_t t = 0; t < cnt; ++t) ac[t] += wv * widen(xp[t * step]);
+                    }
+                  }
+                }
+              }
+              for (int64_t t = 0; t < len; ++t) acc[t] = alpha * acc[t] + bk;
+              activate<T>(acc, len, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
+              dw_store(y + n * ys[0] + k * ys[1] + od * ys[2] + oh * ys[3] + o0 * ys[4], ys[4], acc, len);
+            }
+      }
+      return;
+    }
+    // Channels-last: vectorised over k, parallel over (n, od, oh).
+    const int64_t rows = p.N * p.out[0] * p.out[1];
+    const int nt = static_cast<int>(std::min<int64_t>(nt_work, rows));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t oh = r % p.out[1], od = (r / p.out[1]) % p.out[0], n = r / (p.out[1] * p.out[0]);
+      T acc[kBlk];
+      for (int64_t ow = 0; ow < p.out[2]; ++ow)
+        for (int64_t k0 = 0; k0 < p.K; k0 += kBlk) {
+          const int64_t len = std::min(kBlk, p.K - k0);
+          std::fill(acc, acc + len, T(0));
+          for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
+            const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
+            if (id < 0 || id >= p.in[0]) continue;
+            for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
+              const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+              if (ih < 0 || ih >= p.in[1]) continue;
+              for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
+                const int64_t iw = ow * p.st[2] - p.lo[2] + kw * p.dil[2];
+                if (iw < 0 || iw >= p.in[2]) continue;
+                const S* xp = x + n * xs[0] + id * xs[2] + ih * xs[3] + iw * xs[4];
+                const T* wr = W + ((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k0;
+                if (p.Kg == 1 && xs[1] == 1) {
+                  const S* xq = xp + k0;
+                  for (int64_t t = 0; t < len; ++t) acc[t] += wr[t] * widen(xq[t]);
+                } else {
+                  for (int64_t t = 0; t < len; ++t) acc[t] += wr[t] * widen(xp[((k0 + t) / p.Kg) * xs[1]]);
+                }
+              }
+            }
+          }
+          if (b) {
+            for (int64_t t = 0; t < len; ++t) acc[t] = alpha * acc[t] + b[k0 + t];
+          } else {
+            for (int64_t t = 0; t < len; ++t) acc[t] = alpha * acc[t];
+          }
+          activate<T>(acc, len, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
+          dw_store(y + n * ys[0] + k0 * ys[1] + od * ys[2] + oh * ys[3] + ow * ys[4], ys[1], acc, len);
+        }
+    }
+  }
+
+  // dx gathered per input row block (no scatter races, one rounding, no accumulator array).
+  void dw_backward_data() const {
+    const T* W = dw_weights();
+    const T alpha = static_cast<T>(p.alpha);
+    const int64_t* xs = p.xs;
+    const int64_t* ys = p.ys;
+    const int nt_work = threads_for(p.M * p.K * p.kvol);
+    if (!p.dw_cl) {  // vectorised over iw, parallel over (n, c)
+      const int64_t NC = p.N * p.C;
+      const int nt = static_cast<int>(std::min<int64_t>(nt_work, NC));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t nc = 0; nc < NC; ++nc) {
+        const int64_t n = nc / p.C, c = nc % p.C;
+        T acc[kBlk];
+        int64_t rlo[kMaxKw], rhi[kMaxKw];
+        for (int64_t i0 = 0; i0 < p.in[2]; i0 += kBlk) {
+          const int64_t len = std::min(kBlk, p.in[2] - i0);
+          for (int64_t kw = 0; kw < std::min(p.ks[2], kMaxKw); ++kw)
+            valid_range(len, p.out[2], p.st[2], p.lo[2] + i0, kw * p.dil[2], rlo[kw], rhi[kw]);
+          for (int64_t id = 0; id < p.in[0]; ++id)
+            for (int64_t ih = 0; ih < p.in[1]; ++ih) {
+              std::fill(acc, acc + len, T(0));
+              for (int64_t m = 0; m < p.Kg; ++m) {
+                const int64_t k = c * p.Kg + m;
+                const S* yk = y + n * ys[0] + k * ys[1];
+                for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
+                  const int64_t od = dw_src(id, p.lo[0], kd * p.dil[0], p.st[0], p.out[0]);
+                  if (od < 0) continue;
+                  for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
+                    const int64_t oh = dw_src(ih, p.lo[1], kh * p.dil[1], p.st[1], p.out[1]);
+                    if (oh < 0) continue;
+                    const S* yr = yk + od * ys[2] + oh * ys[3];
+                    for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
+                      const T wv = W[((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k];
+                      int64_t a0, a1;  // ow whose iw = ow*st - lo + kw*dil lies in [i0, i0+len)
+                      if (kw < kMaxKw) {
+                        a0 = rlo[kw];
+                        a1 = rhi[kw];
+                      } else {
+                        valid_range(len, p.out[2], p.st[2], p.lo[2] + i0, kw * p.dil[2], a0, a1);
+                      }
+                      if (a0 >= a1) continue;
+                      T* ac = acc + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2] - i0);
+                      const S* yp = yr + a0 * ys[4];
+                      const int64_t cnt = a1 - a0, s4 = ys[4], st = p.st[2];
+                      if (st == 1 && s4 == 1) {
+                        for (int64_t t = 0; t < cnt; ++t) ac[t] += wv * widen(yp[t]);
+                      } else {
+                        for (int64_t t = 0; t < cnt; ++t) ac[t * st] += wv * widen(yp[t * s4]);
+                      }
+                    }
+                  }
+                }
+              }
+              for (int64_t t = 0; t < len; ++t) acc[t] *= alpha;
+              dw_store(x + n * xs[0] + c * xs[1] + id * xs[2] + ih * xs[3] + i0 * xs[4], xs[4], acc, len);
+            }
+        }
+      }
+      return;
+    }
+    // Channels-last: vectorised over c, parallel over (n, id, ih).
+    const int64_t rows = p.N * p.in[0] * p.in[1];
+    const int nt = static_cast<int>(std::min<int64_t>(nt_work, rows));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t ih = r % p.in[1], id = (r / p.in[1]) % p.in[0], n = r / (p.in[1] * p.in[0]);
+      T acc[kBlk];
+      for (int64_t iw = 0; iw < p.in[2]; ++iw)
+        for (int64_t c0 = 0; c0 < p.C; c0 += kBlk) {
+          const int64_t len = std::min(kBlk, p.C - c0);
+          std::fill(acc, acc + len, T(0));
+          for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
+            const int64_t od = dw_src(id, p.lo[0], kd * p.dil[0], p.st[0], p.out[0]);
+            if (od < 0) continue;
+            for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
+              const int64_t oh = dw_src(ih, p.lo[1], kh * p.dil[1], p.st[1], p.out[1]);
+              if (oh < 0) continue;
+              for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
+                const int64_t ow = dw_src(iw, p.lo[2], kw * p.dil[2], p.st[2], p.out[2]);
+                if (ow < 0) continue;
+                const S* yp = y + n * ys[0] + od * ys[2] + oh * ys[3] + ow * ys[4];
+                const T* wr = W + ((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K;
+                if (p.Kg == 1 && ys[1] == 1) {
+                  const S* yq = yp + c0;
+                  const T* wq = wr + c0;
+                  for (int64_t t = 0; t < len; ++t) acc[t] += wq[t] * widen(yq[t]);
+                } else {
+                  for (int64_t m = 0; m < p.Kg; ++m)
+                    for (int64_t t = 0; t < len; ++t) {
+                      const int64_t k = (c0 + t) * p.Kg + m;
+                      acc[t] += wr[k] * widen(yp[k * ys[1]]);
+                    }
+                }
+              }
+            }
+          }
+          for (int64_t t = 0; t < len; ++t) acc[t] *= alpha;
+          dw_store(x + n * xs[0] + c0 * xs[1] + id * xs[2] + ih * xs[3] + iw * xs[4], xs[1], acc, len);
+        }
+    }
+  }
+
+  void dw_backward_weight() const {
+    const T alpha = static_cast<T>(p.alpha), beta = static_cast<T>(p.beta);
+    const int64_t* xs = p.xs;
+    const int64_t* ys = p.ys;
+    const int nt_work = threads_for(p.M * p.K * p.kvol);
+    auto store_w = [&](int64_t k, int64_t kidx, T v) {
+      const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
+      S* e = w + k * p.ws[0] + kd * p.ws[2] + kh * p.ws[3] + kw * p.ws[4];
+      v = alpha * v;
+      if (beta != T(0)) v += beta * widen(*e);
+      store(e, v);
+    };
+    if (!p.dw_cl) {  // per (k, kernel offset): dot products over ow, parallel over k
+      const int nt = static_cast<int>(std::min<int64_t>(nt_work, p.K));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t k = 0; k < p.K; ++k) {
+        const int64_t c = k / p.Kg;
+        for (int64_t kidx = 0; kidx < p.kvol; ++kidx) {
+          const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
+          int64_t a0, a1;
+          valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], a0, a1);
+          const int64_t s4 = ys[4], step = p.st[2] * xs[4];
+          double total = 0;
+          T vacc[kBlk];  // per-lane sums over rows, reduced once per block
+          for (int64_t b0 = a0; b0 < a1; b0 += kBlk) {
+            const int64_t cnt = std::min(kBlk, a1 - b0);
+            std::fill(vacc, vacc + cnt, T(0));
+            for (int64_t n = 0; n < p.N; ++n)
+              for (int64_t od = 0; od < p.out[0]; ++od) {
+                const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
+                if (id < 0 || id >= p.in[0]) continue;
+                for (int64_t oh = 0; oh < p.out[1]; ++oh) {
+                  const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+                  if (ih < 0 || ih >= p.in[1]) continue;
+                  const S* yp = y + n * ys[0] + k * ys[1] + od * ys[2] + oh * ys[3] + b0 * s4;
+                  const S* xp = x + n * xs[0] + c * xs[1] + id * xs[2] + ih * xs[3] +
+                                (b0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * xs[4];
+                  if (s4 == 1 && step == 1) {
+                    for (int64_t t = 0; t < cnt; ++t) vacc[t] += widen(yp[t]) * widen(xp[t]);
+                  } else {
+                    for (int64_t t = 0; t < cnt; ++t) vacc[t] += widen(yp[t * s4]) * widen(xp[t * step]);
+                  }
+                }
+              }
+            for (int64_t t = 0; t < cnt; ++t) total += vacc[t];
+          }
+          store_w(k, kidx, static_cast<T>(total));
+        }
+      }
+    } else {  // channels-last: accumulators (kvol, K), vectorised over k, parallel over k blocks
+      T* accw = buf(p.off_acc);
+      const int64_t blk = p.K >= 64 * std::max(1, nt_work) ? 64 : 16;
+      const int64_t nb = (p.K + blk - 1) / blk;
+      const int nt = static_cast<int>(std::min<int64_t>(nt_work, nb));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t bi = 0; bi < nb; ++bi) {
+        const int64_t k0 = bi * blk, len = std::min(blk, p.K - k0);
+        for (int64_t kidx = 0; kidx < p.kvol; ++kidx) std::fill(accw + kidx * p.K + k0, accw + kidx * p.K + k0 + len, T(0));
+        T dyv[64];
+        for (int64_t n = 0; n < p.N; ++n)
+          for (int64_t od = 0; od < p.out[0]; ++od)
+            for (int64_t oh = 0; oh < p.out[1]; ++oh)
+              for (int64_t ow = 0; ow < p.out[2]; ++ow) {
+                const S* yp = y + n * ys[0] + k0 * ys[1] + od * ys[2] + oh * ys[3] + ow * ys[4];
+                for (int64_t t = 0; t < len; ++t) dyv[t] = widen(yp[t * ys[1]]);
+                for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
+                  const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
+                  if (id < 0 || id >= p.in[0]) continue;
+                  for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
+                    const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+                    if (ih < 0 || ih >= p.in[1]) continue;
+                    for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
+                      const int64_t iw = ow * p.st[2] - p.lo[2] + kw * p.dil[2];
+                      if (iw < 0 || iw >= p.in[2]) continue;
+                      const S* xp = x + n * xs[0] + id * xs[2] + ih * xs[3] + iw * xs[4];
+                      T* ar = accw + ((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k0;
+                      if (p.Kg == 1 && xs[1] == 1) {
+                        const S* xq = xp + k0;
+                        for (int64_t t = 0; t < len; ++t) ar[t] += dyv[t] * widen(xq[t]);
+                      } else {
+                        for (int64_t t = 0; t < len; ++t) ar[t] += dyv[t] * widen(xp[((k0 + t) / p.Kg) * xs[1]]);
+                      }
+                    }
+                  }
+                }
+              }
+        for (int64_t kidx = 0; kidx < p.kvol; ++kidx)
+          for (int64_t t = 0; t < len; ++t) store_w(k0 + t, kidx, accw[kidx * p.K + k0 + t]);
+      }
+    }
+    if (p.has_bias) bias_grad();
+  }
+
   // --- ops ---------------------------------------------------------------------------------
   void forward() const {
     int64_t ldw;
@@ -980,7 +1359,13 @@ struct Exec {
             store(e, v);
           }
     }
-    if (p.has_bias) {  // db = alpha * sum of dy over N and space + beta * db
+    if (p.has_bias) bias_grad();
+  }
+
+  // db = alpha * sum of dy over N and space + beta * db
+  void bias_grad() const {
+    const T alpha = static_cast<T>(p.alpha), beta = static_cast<T>(p.beta);
+    {
       const int nt = threads_for(p.M * p.K);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
       for (int64_t k = 0; k < p.K; ++k) {
@@ -1002,6 +1387,14 @@ struct Exec {
   }
 
   void run() const {
+    if (p.depthwise) {
+      switch (p.op) {
+        case FDNN_CONV_FORWARD: dw_forward(); break;
+        case FDNN_CONV_BACKWARD_DATA: dw_backward_data(); break;
+        case FDNN_CONV_BACKWARD_WEIGHT: dw_backward_weight(); break;
+      }
+      return;
+    }
     switch (p.op) {
       case FDNN_CONV_FORWARD: forward(); break;
       case FDNN_CONV_BACKWARD_DATA: backward_data(); break;
@@ -1041,6 +1434,17 @@ void pack_into(Plan& plan, const void* w) {
   const size_t es = elem_size(plan.dt);
   auto bytes = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(plan.K * plan.R) * es);
   void* dst = bytes->data();
+  if (plan.depthwise) {
+    switch (plan.dt) {
+      case kF64: Exec<double, double>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.dw_pack(static_cast<const double*>(w), static_cast<double*>(dst)); break;
+      case kF32: Exec<float, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.dw_pack(static_cast<const float*>(w), static_cast<float*>(dst)); break;
+      case kF16: Exec<Half, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.dw_pack(static_cast<const Half*>(w), static_cast<float*>(dst)); break;
+      case kBF16: Exec<BF16, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.dw_pack(static_cast<const BF16*>(w), static_cast<float*>(dst)); break;
+      case kNone: fail(FDNN_ERROR_INTERNAL, "plan without a dtype");
+    }
+    plan.packed_w = std::move(bytes);
+    return;
+  }
   switch (plan.dt) {
     case kF64: Exec<double, double>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const double*>(w), static_cast<double*>(dst)); break;
     case kF32: Exec<float, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const float*>(w), static_cast<float*>(dst)); break;
@@ -1177,7 +1581,8 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
     } else if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
       double best = 0;
       bool have = false;
-      for (Lowering l : {kRows, kCols, kColsBatch}) {
+      for (Lowering l : {kRows, kCols, kColsBatch, kDepthwise}) {
+        if (l == kDepthwise && a.w->shape[1] != 1) continue;
         Plan candidate;
         try {
           candidate = make_plan(a, l);
