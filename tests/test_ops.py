@@ -326,3 +326,26 @@ def test_16bit_views_with_gaps_and_accumulation(rng, dtype):
     dw = flux_dnn.conv_backward_weight(x, dy, w.shape, padding=1)
     assert dw.dtype == x.dtype
     assert_close(dw, ref.conv_backward_weight(x, dy, w.shape, (1, 1), (1, 1), (1, 1)), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout_name", ["contiguous", "channels_last"])
+def test_16bit_results_are_rounded_once(rng, dtype, layout_name):
+    """Inputs whose float32 sums are exact but whose results need more bits than the 16-bit
+    type has: the result must be the exact value rounded once to nearest even, as NumPy /
+    ml_dtypes round float64; a second rounding (through float32 or the output dtype) or a
+    16-bit accumulation would show."""
+    require_cpu_dtype(dtype)
+    nd = numpy_dtype(dtype)
+    x = (rng.integers(-64, 65, (2, 5, 6, 7)) / 64).astype(nd)  # 7 significant bits: exact in bf16
+    w = (rng.integers(-64, 65, (3, 5, 3, 3)) / 64).astype(nd)
+    old = (rng.integers(-64, 65, (2, 3, 6, 7)) / 64).astype(nd)
+    exact = ref.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1))
+    y = flux_dnn.conv2d(layout(x, layout_name), w, padding=1)
+    np.testing.assert_array_equal(y.astype(np.float64), exact.astype(nd).astype(np.float64))
+    out = layout(old.copy(), layout_name)
+    flux_dnn.conv2d(layout(x, layout_name), w, padding=1, beta=1.0, out=out)
+    np.testing.assert_array_equal(out.astype(np.float64), (exact + old.astype(np.float64)).astype(nd).astype(np.float64))
+    dw = flux_dnn.conv_backward_weight(layout(x, layout_name), layout(old, layout_name), w.shape, padding=1)
+    np.testing.assert_array_equal(dw.astype(np.float64),
+                                  ref.conv_backward_weight(x, old, w.shape, (1, 1), (1, 1), (1, 1)).astype(nd).astype(np.float64))
