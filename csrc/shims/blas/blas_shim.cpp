@@ -30,6 +30,15 @@
 
 using fdnn_shim::fail;
 
+// Function multiversioning of the hot loops: on x86-64 with GCC or Clang, a second copy
+// compiled for AVX2+FMA is chosen at run time (a platform check; the library itself stays
+// baseline x86-64). Elsewhere (aarch64, other compilers) only the plain copy exists.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FDNN_X86_CLONES 1
+#else
+#define FDNN_X86_CLONES 0
+#endif
+
 namespace {
 
 using namespace fdnn_shim;  // fp16.hpp
@@ -87,6 +96,17 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
 
 // Threads for a copy loop of `work` elements: one in a forked child (GNU libgomp's team
 // does not survive fork; OpenBLAS handles fork itself) and for small loops.
+#if FDNN_X86_CLONES
+// Whether this CPU runs the AVX2+FMA copies (checked once).
+bool cpu_avx2_fma() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return ok;
+}
+#endif
+
 int threads_for(int64_t work) {
   if (work < (1 << 15) || fdnn_shim::in_forked_child()) return 1;
   return omp_get_max_threads();
@@ -827,307 +847,35 @@ struct Exec {
     }
   }
 
+#define FDNN_DW_TARGET
+#define FDNN_DW_NAME(f) f##_base
+#include "dw_kernels.inc"
+#undef FDNN_DW_TARGET
+#undef FDNN_DW_NAME
+#if FDNN_X86_CLONES
+#define FDNN_DW_TARGET __attribute__((target("avx2,fma")))
+#define FDNN_DW_NAME(f) f##_avx2
+#include "dw_kernels.inc"
+#undef FDNN_DW_TARGET
+#undef FDNN_DW_NAME
+#endif
   void dw_forward() const {
-    const T* W = dw_weights();
-    const T alpha = static_cast<T>(p.alpha);
-    const T* b = nullptr;
-    if (p.has_bias) {
-      T* bb = buf(p.off_bias);
-      for (int64_t k = 0; k < p.K; ++k) bb[k] = alpha * widen(bias[k * p.bs]);
-      b = bb;
-    }
-    const int64_t* xs = p.xs;
-    const int64_t* ys = p.ys;
-    const int nt_work = threads_for(p.M * p.K * p.kvol);
-    if (!p.dw_cl) {  // vectorised over ow, parallel over (n, k)
-      const int64_t NK = p.N * p.K;
-      const int nt = static_cast<int>(std::min<int64_t>(nt_work, NK));
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-      for (int64_t nk = 0; nk < NK; ++nk) {
-        const int64_t n = nk / p.K, k = nk % p.K, c = k / p.Kg;
-        const S* xc = x + n * xs[0] + c * xs[1];
-        const T bk = b ? b[k] : T(0);
-        T acc[kBlk];
-        int64_t rlo[kMaxKw], rhi[kMaxKw];  // valid ow range per kw (no divisions per row)
-        for (int64_t kw = 0; kw < std::min(p.ks[2], kMaxKw); ++kw)
-          valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], rlo[kw], rhi[kw]);
-        for (int64_t od = 0; od < p.out[0]; ++od)
-          for (int64_t oh = 0; oh < p.out[1]; ++oh)
-            for (int64_t o0 = 0; o0 < p.out[2]; o0 += kBlk) {
-              const int64_t len = std::min(kBlk, p.out[2] - o0);
-              std::fill(acc, acc + len, T(0));
-              for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
-                const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
-                if (id < 0 || id >= p.in[0]) continue;
-                for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
-                  const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
-                  if (ih < 0 || ih >= p.in[1]) continue;
-                  const S* xr = xc + id * xs[2] + ih * xs[3];
-                  for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
-                    const T wv = W[((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k];
-                    int64_t a0, a1;
-                    if (kw < kMaxKw) {
-                      a0 = rlo[kw];
-                      a1 = rhi[kw];
-                    } else {
-                      valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], a0, a1);
-                    }
-                    a0 = std::clamp(a0, o0, o0 + len);
-                    a1 = std::clamp(a1, a0, o0 + len);
-                    const S* xp = xr + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * xs[4];
-                    T* ac = acc + (a0 - o0);
-                    const int64_t cnt = a1 - a0, step = p.st[2] * xs[4];
-                    if (step == 1) {
-                      for (int64_t t = 0; t < cnt; ++t) ac[t] += wv * widen(xp[t]);
-                    } else {
-                      for (int64_t t = 0; t < cnt; ++t) ac[t] += wv * widen(xp[t * step]);
-                    }
-                  }
-                }
-              }
-              for (int64_t t = 0; t < len; ++t) acc[t] = alpha * acc[t] + bk;
-              activate<T>(acc, len, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
-              dw_store(y + n * ys[0] + k * ys[1] + od * ys[2] + oh * ys[3] + o0 * ys[4], ys[4], acc, len);
-            }
-      }
-      return;
-    }
-    // Channels-last: vectorised over k, parallel over (n, od, oh).
-    const int64_t rows = p.N * p.out[0] * p.out[1];
-    const int nt = static_cast<int>(std::min<int64_t>(nt_work, rows));
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t oh = r % p.out[1], od = (r / p.out[1]) % p.out[0], n = r / (p.out[1] * p.out[0]);
-      T acc[kBlk];
-      for (int64_t ow = 0; ow < p.out[2]; ++ow)
-        for (int64_t k0 = 0; k0 < p.K; k0 += kBlk) {
-          const int64_t len = std::min(kBlk, p.K - k0);
-          std::fill(acc, acc + len, T(0));
-          for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
-            const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
-            if (id < 0 || id >= p.in[0]) continue;
-            for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
-              const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
-              if (ih < 0 || ih >= p.in[1]) continue;
-              for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
-                const int64_t iw = ow * p.st[2] - p.lo[2] + kw * p.dil[2];
-                if (iw < 0 || iw >= p.in[2]) continue;
-                const S* xp = x + n * xs[0] + id * xs[2] + ih * xs[3] + iw * xs[4];
-                const T* wr = W + ((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k0;
-                if (p.Kg == 1 && xs[1] == 1) {
-                  const S* xq = xp + k0;
-                  for (int64_t t = 0; t < len; ++t) acc[t] += wr[t] * widen(xq[t]);
-                } else {
-                  for (int64_t t = 0; t < len; ++t) acc[t] += wr[t] * widen(xp[((k0 + t) / p.Kg) * xs[1]]);
-                }
-              }
-            }
-          }
-          if (b) {
-            for (int64_t t = 0; t < len; ++t) acc[t] = alpha * acc[t] + b[k0 + t];
-          } else {
-            for (int64_t t = 0; t < len; ++t) acc[t] = alpha * acc[t];
-          }
-          activate<T>(acc, len, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
-          dw_store(y + n * ys[0] + k0 * ys[1] + od * ys[2] + oh * ys[3] + ow * ys[4], ys[1], acc, len);
-        }
-    }
+#if FDNN_X86_CLONES
+    if (cpu_avx2_fma()) return dw_forward_avx2();
+#endif
+    dw_forward_base();
   }
-
-  // dx gathered per input row block (no scatter races, one rounding, no accumulator array).
   void dw_backward_data() const {
-    const T* W = dw_weights();
-    const T alpha = static_cast<T>(p.alpha);
-    const int64_t* xs = p.xs;
-    const int64_t* ys = p.ys;
-    const int nt_work = threads_for(p.M * p.K * p.kvol);
-    if (!p.dw_cl) {  // vectorised over iw, parallel over (n, c)
-      const int64_t NC = p.N * p.C;
-      const int nt = static_cast<int>(std::min<int64_t>(nt_work, NC));
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-      for (int64_t nc = 0; nc < NC; ++nc) {
-        const int64_t n = nc / p.C, c = nc % p.C;
-        T acc[kBlk];
-        int64_t rlo[kMaxKw], rhi[kMaxKw];
-        for (int64_t i0 = 0; i0 < p.in[2]; i0 += kBlk) {
-          const int64_t len = std::min(kBlk, p.in[2] - i0);
-          for (int64_t kw = 0; kw < std::min(p.ks[2], kMaxKw); ++kw)
-            valid_range(len, p.out[2], p.st[2], p.lo[2] + i0, kw * p.dil[2], rlo[kw], rhi[kw]);
-          for (int64_t id = 0; id < p.in[0]; ++id)
-            for (int64_t ih = 0; ih < p.in[1]; ++ih) {
-              std::fill(acc, acc + len, T(0));
-              for (int64_t m = 0; m < p.Kg; ++m) {
-                const int64_t k = c * p.Kg + m;
-                const S* yk = y + n * ys[0] + k * ys[1];
-                for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
-                  const int64_t od = dw_src(id, p.lo[0], kd * p.dil[0], p.st[0], p.out[0]);
-                  if (od < 0) continue;
-                  for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
-                    const int64_t oh = dw_src(ih, p.lo[1], kh * p.dil[1], p.st[1], p.out[1]);
-                    if (oh < 0) continue;
-                    const S* yr = yk + od * ys[2] + oh * ys[3];
-                    for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
-                      const T wv = W[((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k];
-                      int64_t a0, a1;  // ow whose iw = ow*st - lo + kw*dil lies in [i0, i0+len)
-                      if (kw < kMaxKw) {
-                        a0 = rlo[kw];
-                        a1 = rhi[kw];
-                      } else {
-                        valid_range(len, p.out[2], p.st[2], p.lo[2] + i0, kw * p.dil[2], a0, a1);
-                      }
-                      if (a0 >= a1) continue;
-                      T* ac = acc + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2] - i0);
-                      const S* yp = yr + a0 * ys[4];
-                      const int64_t cnt = a1 - a0, s4 = ys[4], st = p.st[2];
-                      if (st == 1 && s4 == 1) {
-                        for (int64_t t = 0; t < cnt; ++t) ac[t] += wv * widen(yp[t]);
-                      } else {
-                        for (int64_t t = 0; t < cnt; ++t) ac[t * st] += wv * widen(yp[t * s4]);
-                      }
-                    }
-                  }
-                }
-              }
-              for (int64_t t = 0; t < len; ++t) acc[t] *= alpha;
-              dw_store(x + n * xs[0] + c * xs[1] + id * xs[2] + ih * xs[3] + i0 * xs[4], xs[4], acc, len);
-            }
-        }
-      }
-      return;
-    }
-    // Channels-last: vectorised over c, parallel over (n, id, ih).
-    const int64_t rows = p.N * p.in[0] * p.in[1];
-    const int nt = static_cast<int>(std::min<int64_t>(nt_work, rows));
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t ih = r % p.in[1], id = (r / p.in[1]) % p.in[0], n = r / (p.in[1] * p.in[0]);
-      T acc[kBlk];
-      for (int64_t iw = 0; iw < p.in[2]; ++iw)
-        for (int64_t c0 = 0; c0 < p.C; c0 += kBlk) {
-          const int64_t len = std::min(kBlk, p.C - c0);
-          std::fill(acc, acc + len, T(0));
-          for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
-            const int64_t od = dw_src(id, p.lo[0], kd * p.dil[0], p.st[0], p.out[0]);
-            if (od < 0) continue;
-            for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
-              const int64_t oh = dw_src(ih, p.lo[1], kh * p.dil[1], p.st[1], p.out[1]);
-              if (oh < 0) continue;
-              for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
-                const int64_t ow = dw_src(iw, p.lo[2], kw * p.dil[2], p.st[2], p.out[2]);
-                if (ow < 0) continue;
-                const S* yp = y + n * ys[0] + od * ys[2] + oh * ys[3] + ow * ys[4];
-                const T* wr = W + ((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K;
-                if (p.Kg == 1 && ys[1] == 1) {
-                  const S* yq = yp + c0;
-                  const T* wq = wr + c0;
-                  for (int64_t t = 0; t < len; ++t) acc[t] += wq[t] * widen(yq[t]);
-                } else {
-                  for (int64_t m = 0; m < p.Kg; ++m)
-                    for (int64_t t = 0; t < len; ++t) {
-                      const int64_t k = (c0 + t) * p.Kg + m;
-                      acc[t] += wr[k] * widen(yp[k * ys[1]]);
-                    }
-                }
-              }
-            }
-          }
-          for (int64_t t = 0; t < len; ++t) acc[t] *= alpha;
-          dw_store(x + n * xs[0] + c0 * xs[1] + id * xs[2] + ih * xs[3] + iw * xs[4], xs[1], acc, len);
-        }
-    }
+#if FDNN_X86_CLONES
+    if (cpu_avx2_fma()) return dw_backward_data_avx2();
+#endif
+    dw_backward_data_base();
   }
-
   void dw_backward_weight() const {
-    const T alpha = static_cast<T>(p.alpha), beta = static_cast<T>(p.beta);
-    const int64_t* xs = p.xs;
-    const int64_t* ys = p.ys;
-    const int nt_work = threads_for(p.M * p.K * p.kvol);
-    auto store_w = [&](int64_t k, int64_t kidx, T v) {
-      const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
-      S* e = w + k * p.ws[0] + kd * p.ws[2] + kh * p.ws[3] + kw * p.ws[4];
-      v = alpha * v;
-      if (beta != T(0)) v += beta * widen(*e);
-      store(e, v);
-    };
-    if (!p.dw_cl) {  // per (k, kernel offset): dot products over ow, parallel over k
-      const int nt = static_cast<int>(std::min<int64_t>(nt_work, p.K));
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-      for (int64_t k = 0; k < p.K; ++k) {
-        const int64_t c = k / p.Kg;
-        for (int64_t kidx = 0; kidx < p.kvol; ++kidx) {
-          const int64_t kw = kidx % p.ks[2], kh = (kidx / p.ks[2]) % p.ks[1], kd = kidx / (p.ks[2] * p.ks[1]);
-          int64_t a0, a1;
-          valid_range(p.in[2], p.out[2], p.st[2], p.lo[2], kw * p.dil[2], a0, a1);
-          const int64_t s4 = ys[4], step = p.st[2] * xs[4];
-          double total = 0;
-          T vacc[kBlk];  // per-lane sums over rows, reduced once per block
-          for (int64_t b0 = a0; b0 < a1; b0 += kBlk) {
-            const int64_t cnt = std::min(kBlk, a1 - b0);
-            std::fill(vacc, vacc + cnt, T(0));
-            for (int64_t n = 0; n < p.N; ++n)
-              for (int64_t od = 0; od < p.out[0]; ++od) {
-                const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
-                if (id < 0 || id >= p.in[0]) continue;
-                for (int64_t oh = 0; oh < p.out[1]; ++oh) {
-                  const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
-                  if (ih < 0 || ih >= p.in[1]) continue;
-                  const S* yp = y + n * ys[0] + k * ys[1] + od * ys[2] + oh * ys[3] + b0 * s4;
-                  const S* xp = x + n * xs[0] + c * xs[1] + id * xs[2] + ih * xs[3] +
-                                (b0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * xs[4];
-                  if (s4 == 1 && step == 1) {
-                    for (int64_t t = 0; t < cnt; ++t) vacc[t] += widen(yp[t]) * widen(xp[t]);
-                  } else {
-                    for (int64_t t = 0; t < cnt; ++t) vacc[t] += widen(yp[t * s4]) * widen(xp[t * step]);
-                  }
-                }
-              }
-            for (int64_t t = 0; t < cnt; ++t) total += vacc[t];
-          }
-          store_w(k, kidx, static_cast<T>(total));
-        }
-      }
-    } else {  // channels-last: accumulators (kvol, K), vectorised over k, parallel over k blocks
-      T* accw = buf(p.off_acc);
-      const int64_t blk = p.K >= 64 * std::max(1, nt_work) ? 64 : 16;
-      const int64_t nb = (p.K + blk - 1) / blk;
-      const int nt = static_cast<int>(std::min<int64_t>(nt_work, nb));
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-      for (int64_t bi = 0; bi < nb; ++bi) {
-        const int64_t k0 = bi * blk, len = std::min(blk, p.K - k0);
-        for (int64_t kidx = 0; kidx < p.kvol; ++kidx) std::fill(accw + kidx * p.K + k0, accw + kidx * p.K + k0 + len, T(0));
-        T dyv[64];
-        for (int64_t n = 0; n < p.N; ++n)
-          for (int64_t od = 0; od < p.out[0]; ++od)
-            for (int64_t oh = 0; oh < p.out[1]; ++oh)
-              for (int64_t ow = 0; ow < p.out[2]; ++ow) {
-                const S* yp = y + n * ys[0] + k0 * ys[1] + od * ys[2] + oh * ys[3] + ow * ys[4];
-                for (int64_t t = 0; t < len; ++t) dyv[t] = widen(yp[t * ys[1]]);
-                for (int64_t kd = 0; kd < p.ks[0]; ++kd) {
-                  const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
-                  if (id < 0 || id >= p.in[0]) continue;
-                  for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
-                    const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
-                    if (ih < 0 || ih >= p.in[1]) continue;
-                    for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
-                      const int64_t iw = ow * p.st[2] - p.lo[2] + kw * p.dil[2];
-                      if (iw < 0 || iw >= p.in[2]) continue;
-                      const S* xp = x + n * xs[0] + id * xs[2] + ih * xs[3] + iw * xs[4];
-                      T* ar = accw + ((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.K + k0;
-                      if (p.Kg == 1 && xs[1] == 1) {
-                        const S* xq = xp + k0;
-                        for (int64_t t = 0; t < len; ++t) ar[t] += dyv[t] * widen(xq[t]);
-                      } else {
-                        for (int64_t t = 0; t < len; ++t) ar[t] += dyv[t] * widen(xp[((k0 + t) / p.Kg) * xs[1]]);
-                      }
-                    }
-                  }
-                }
-              }
-        for (int64_t kidx = 0; kidx < p.kvol; ++kidx)
-          for (int64_t t = 0; t < len; ++t) store_w(k0 + t, kidx, accw[kidx * p.K + k0 + t]);
-      }
-    }
-    if (p.has_bias) bias_grad();
+#if FDNN_X86_CLONES
+    if (cpu_avx2_fma()) return dw_backward_weight_avx2();
+#endif
+    dw_backward_weight_base();
   }
 
   // --- ops ---------------------------------------------------------------------------------
