@@ -206,35 +206,15 @@ bool activation_view(const int64_t sh[5], const int64_t s[5], Lowering l, int64_
 // ------------------------------------------------------------------------------------------
 // Problem checks (what the ABI promises callers is verified before any work)
 
-void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim) {
-  if (!fdnn_shim::has_tensor(t) || t->ndim != ndim)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s must have %d dimensions", name, ndim);
-  if (t->device.device_type != FDNN_DEVICE_CPU)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s is not on the CPU", name);
-  if (t->shape == nullptr || t->strides == nullptr)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has NULL shape or strides", name);
-  for (int i = 0; i < ndim; ++i)
-    if (t->shape[i] < 1) fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has an empty dimension", name);
-}
-
+// The shared rules (fdnn_shim::check_conv_problem), then what OpenBLAS computes.
 void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
-  const int n = a.spatial_rank;
-  if (a.op != FDNN_CONV_FORWARD && a.op != FDNN_CONV_BACKWARD_DATA &&
-      a.op != FDNN_CONV_BACKWARD_WEIGHT)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "unknown op %d", static_cast<int>(a.op));
-  if (n < 1 || n > FDNN_MAX_SPATIAL_DIMS)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "spatial_rank %d is not 1, 2 or 3", n);
-  check_tensor(a.x, "x", n + 2);
-  check_tensor(a.w, "w", n + 2);
-  check_tensor(a.y, "y", n + 2);
+  fdnn_shim::check_conv_problem(a, FDNN_DEVICE_CPU);
   const Dt dt = dt_of(a.x->dtype);
   if (dt == kNone)
     fail(FDNN_ERROR_UNSUPPORTED,
          "the OpenBLAS shim computes float64 and float32 natively and float16 and bfloat16 "
          "through float32, not %s",
          fdnn_shim::dtype_name(a.x->dtype));
-  for (const FDNN_DLTensor* t : {a.w, a.y})
-    if (dt_of(t->dtype) != dt) fail(FDNN_ERROR_INVALID_ARGUMENT, "x, w and y dtypes differ");
   if (a.compute_type.bits != 0 || a.compute_type.code != 0) {
     const bool ok = a.compute_type.code == FDNN_DTYPE_FLOAT &&
                     a.compute_type.bits == (dt == kF64 ? 64 : 32);
@@ -242,37 +222,6 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
       fail(FDNN_ERROR_UNSUPPORTED, "the OpenBLAS shim accumulates %s in %s only",
            fdnn_shim::dtype_name(a.x->dtype), dt == kF64 ? "float64" : "float32");
   }
-  const int64_t g = a.groups;
-  const int64_t N = a.x->shape[0], C = a.x->shape[1], K = a.w->shape[0];
-  if (g < 1 || C % g != 0 || K % g != 0 || a.w->shape[1] * g != C)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "channels do not fit groups: %s",
-         fdnn_shim::describe_problem(a).c_str());
-  if (a.y->shape[0] != N || a.y->shape[1] != K)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "y must be (N, K, ...): %s",
-         fdnn_shim::describe_problem(a).c_str());
-  for (int i = 0; i < n; ++i) {
-    const int64_t k = a.w->shape[2 + i], extent = a.dilation[i] * (k - 1) + 1;
-    const int64_t padded = a.x->shape[2 + i] + a.padding_lo[i] + a.padding_hi[i];
-    if (a.stride[i] < 1 || a.dilation[i] < 1 || a.padding_lo[i] < 0 || a.padding_hi[i] < 0 ||
-        padded < extent || (padded - extent) / a.stride[i] + 1 != a.y->shape[2 + i])
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "inconsistent spatial dim %d: %s", i,
-           fdnn_shim::describe_problem(a).c_str());
-  }
-  if (fdnn_shim::has_tensor(a.bias)) {
-    if (a.op == FDNN_CONV_BACKWARD_DATA)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "backward_data takes no bias");
-    if (a.bias->ndim != 1 || a.bias->shape == nullptr || a.bias->strides == nullptr ||
-        a.bias->shape[0] != K || dt_of(a.bias->dtype) != dt ||
-        a.bias->device.device_type != FDNN_DEVICE_CPU)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "bias must be (K,) = (%lld,) of the input dtype",
-           static_cast<long long>(K));
-  }
-  if (a.activation < FDNN_ACTIVATION_NONE || a.activation > FDNN_ACTIVATION_SILU)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "unknown activation %d", static_cast<int>(a.activation));
-  if (a.activation != FDNN_ACTIVATION_NONE && a.op != FDNN_CONV_FORWARD)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "an activation is fused into forward only");
-  if (a.algo_policy < FDNN_ALGO_HEURISTIC || a.algo_policy > FDNN_ALGO_GIVEN)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "unknown algo_policy %d", static_cast<int>(a.algo_policy));
   if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 4))
     fail(FDNN_ERROR_INVALID_ARGUMENT,
          "algo_id %lld is not an OpenBLAS shim algorithm (0 heuristic, 1 rows, 2 cols per "
@@ -814,6 +763,68 @@ struct Exec {
       for (int64_t p0 = 0; p0 < p.OSP; p0 += p.chunk) f(n * p.OSP + p0, std::min(p.chunk, p.OSP - p0));
   }
 
+  // Rows lowering: f(m0, mc) for each chunk of output positions of the whole batch.
+  template <class F>
+  void for_chunks_rows(F&& f) const {
+    for (int64_t m0 = 0; m0 < p.M; m0 += p.chunk) f(m0, std::min(p.chunk, p.M - m0));
+  }
+
+  // The GEMM operands of chunk (m0, mc) and group g: the caller's array itself when its
+  // layout is the matrix the GEMM wants (x_direct, y_direct), else gathered into `buf`.
+  // Sets `ld` to the operand's leading dimension.
+  // x (forward's and backward-weight's input, backward-data's pointwise output) as a matrix.
+  T* x_direct_at(int64_t m0, int64_t g) const {
+    if (p.lowering == kRows) return reinterpret_cast<T*>(x) + m0 * p.ldx + g * p.Cg;
+    const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
+    return reinterpret_cast<T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
+  }
+
+  const T* x_operand(int64_t m0, int64_t mc, int64_t g, T* buf, int64_t& ld) const {
+    if (p.x_direct) {
+      ld = p.ldx;
+      return x_direct_at(m0, g);
+    }
+    if (p.lowering == kRows) {
+      im2col_rows(m0, mc, g, buf);
+      ld = p.R;
+      return buf;
+    }
+    im2col_cols(m0, mc, g, buf);
+    ld = mc;
+    return buf;
+  }
+
+  // y (forward's output, where the GEMM writes) or dy (the backward ops' input).
+  T* y_direct_at(int64_t m0, int64_t g) const {
+    if (p.lowering == kRows) return reinterpret_cast<T*>(y) + m0 * p.ldy + g * p.Kg;
+    const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
+    return reinterpret_cast<T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
+  }
+
+  T* y_output(int64_t m0, int64_t mc, int64_t g, T* buf, int64_t& ld) const {
+    if (p.y_direct) {
+      ld = p.ldy;
+      return y_direct_at(m0, g);
+    }
+    ld = p.lowering == kRows ? p.Kg : mc;
+    return buf;
+  }
+
+  const T* dy_operand(int64_t m0, int64_t mc, int64_t g, T* buf, int64_t& ld) const {
+    if (p.y_direct) {
+      ld = p.ldy;
+      return y_direct_at(m0, g);
+    }
+    if (p.lowering == kRows) {
+      pack_y_rows(m0, mc, g, buf);
+      ld = p.Kg;
+      return buf;
+    }
+    pack_y_cols(m0, mc, g, buf);
+    ld = mc;
+    return buf;
+  }
+
   // --- direct depthwise (C/groups == 1): input channel of output channel k is k / Kg -------
   static constexpr int64_t kBlk = 256;  // elements of one vector block (on the stack)
   static constexpr int64_t kMaxKw = 32;  // kernel widths whose ranges are precomputed
@@ -890,46 +901,22 @@ struct Exec {
     T* col = buf(p.off_col);
     T* ybuf = buf(p.off_y);
     if (p.lowering == kRows) {
-      for (int64_t m0 = 0; m0 < p.M; m0 += p.chunk) {
-        const int64_t mc = std::min(p.chunk, p.M - m0);
+      for_chunks_rows([&](int64_t m0, int64_t mc) {
         for (int64_t g = 0; g < p.G; ++g) {
-          const T* A = col;
-          int64_t lda = p.R;
-          if (p.x_direct) {
-            A = reinterpret_cast<const T*>(x) + m0 * p.ldx + g * p.Cg;
-            lda = p.ldx;
-          } else {
-            im2col_rows(m0, mc, g, col);
-          }
-          T* O = ybuf;
-          int64_t ldo = p.Kg;
-          if (p.y_direct) {
-            O = reinterpret_cast<T*>(y) + m0 * p.ldy + g * p.Kg;
-            ldo = p.ldy;
-          }
+          int64_t lda, ldo;
+          const T* A = x_operand(m0, mc, g, col, lda);
+          T* O = y_output(m0, mc, g, ybuf, ldo);
           gemm(false, true, mc, p.Kg, p.R, alpha, A, lda, W + g * p.Kg * ldw, ldw, beta, O, ldo);
           epilogue_rows(m0, mc, g, O, ldo);
         }
-      }
+      });
       return;
     }
     for_chunks_cols([&](int64_t m0, int64_t mc) {
-      const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
       for (int64_t g = 0; g < p.G; ++g) {
-        const T* B = col;
-        int64_t ldb = mc;
-        if (p.x_direct) {
-          B = reinterpret_cast<const T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
-          ldb = p.ldx;
-        } else {
-          im2col_cols(m0, mc, g, col);
-        }
-        T* O = ybuf;
-        int64_t ldo = mc;
-        if (p.y_direct) {
-          O = reinterpret_cast<T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
-          ldo = p.ldy;
-        }
+        int64_t ldb, ldo;
+        const T* B = x_operand(m0, mc, g, col, ldb);
+        T* O = y_output(m0, mc, g, ybuf, ldo);
         gemm(false, false, p.Kg, mc, p.R, alpha, W + g * p.Kg * ldw, ldw, B, ldb, beta, O, ldo);
         epilogue_cols(m0, mc, g, O, ldo);
       }
@@ -978,41 +965,27 @@ struct Exec {
     }
     const T beta = static_cast<T>(p.beta);
     if (p.lowering == kRows) {
-      for (int64_t m0 = 0; m0 < p.M; m0 += p.chunk) {
-        const int64_t mc = std::min(p.chunk, p.M - m0);
+      for_chunks_rows([&](int64_t m0, int64_t mc) {
         for (int64_t g = 0; g < p.G; ++g) {
-          const T* dY = ybuf;
-          int64_t ldy = p.Kg;
-          if (p.y_direct) {
-            dY = reinterpret_cast<const T*>(y) + m0 * p.ldy + g * p.Kg;
-            ldy = p.ldy;
-          } else {
-            pack_y_rows(m0, mc, g, ybuf);
-          }
+          int64_t ldy;
+          const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
           if (p.dx_gemm) {
             gemm(false, false, mc, p.Cg, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, beta,
-                 reinterpret_cast<T*>(x) + m0 * p.ldx + g * p.Cg, p.ldx);
+                 x_direct_at(m0, g), p.ldx);
           } else {
             gemm(false, false, mc, p.R, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, T(0), col, p.R);
             col2im_rows(m0, mc, g, col, target, tx);
           }
         }
-      }
+      });
     } else {
       for_chunks_cols([&](int64_t m0, int64_t mc) {
-        const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
         for (int64_t g = 0; g < p.G; ++g) {
-          const T* dY = ybuf;
-          int64_t ldy = mc;
-          if (p.y_direct) {
-            dY = reinterpret_cast<const T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
-            ldy = p.ldy;
-          } else {
-            pack_y_cols(m0, mc, g, ybuf);
-          }
+          int64_t ldy;
+          const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
           if (p.dx_gemm) {
             gemm(true, false, p.Cg, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, beta,
-                 reinterpret_cast<T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0, p.ldx);
+                 x_direct_at(m0, g), p.ldx);
           } else {
             gemm(true, false, p.R, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, T(0), col, mc);
             col2im_cols(m0, mc, g, col, target, tx);
@@ -1045,49 +1018,21 @@ struct Exec {
     T* col = buf(p.off_col);
     T* ybuf = buf(p.off_y);
     if (p.lowering == kRows) {
-      for (int64_t m0 = 0; m0 < p.M; m0 += p.chunk) {
-        const int64_t mc = std::min(p.chunk, p.M - m0);
+      for_chunks_rows([&](int64_t m0, int64_t mc) {
         for (int64_t g = 0; g < p.G; ++g) {
-          const T* A = col;
-          int64_t lda = p.R;
-          if (p.x_direct) {
-            A = reinterpret_cast<const T*>(x) + m0 * p.ldx + g * p.Cg;
-            lda = p.ldx;
-          } else {
-            im2col_rows(m0, mc, g, col);
-          }
-          const T* dY = ybuf;
-          int64_t ldy = p.Kg;
-          if (p.y_direct) {
-            dY = reinterpret_cast<const T*>(y) + m0 * p.ldy + g * p.Kg;
-            ldy = p.ldy;
-          } else {
-            pack_y_rows(m0, mc, g, ybuf);
-          }
+          int64_t lda, ldy;
+          const T* A = x_operand(m0, mc, g, col, lda);
+          const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
           gemm(true, false, p.Kg, p.R, mc, alpha, dY, ldy, A, lda, m0 == 0 ? beta0 : T(1),
                dW + g * p.Kg * ldw, ldw);
         }
-      }
+      });
     } else {
       for_chunks_cols([&](int64_t m0, int64_t mc) {
-        const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
         for (int64_t g = 0; g < p.G; ++g) {
-          const T* B = col;
-          int64_t ldb = mc;
-          if (p.x_direct) {
-            B = reinterpret_cast<const T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
-            ldb = p.ldx;
-          } else {
-            im2col_cols(m0, mc, g, col);
-          }
-          const T* dY = ybuf;
-          int64_t ldy = mc;
-          if (p.y_direct) {
-            dY = reinterpret_cast<const T*>(y) + n * p.ys[0] + g * p.Kg * p.ldy + p0;
-            ldy = p.ldy;
-          } else {
-            pack_y_cols(m0, mc, g, ybuf);
-          }
+          int64_t ldb, ldy;
+          const T* B = x_operand(m0, mc, g, col, ldb);
+          const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
           gemm(false, true, p.Kg, p.R, mc, alpha, dY, ldy, B, ldb, m0 == 0 ? beta0 : T(1),
                dW + g * p.Kg * ldw, ldw);
         }

@@ -96,6 +96,14 @@ std::string describe_problem(const FDNN_Conv_Plan_Create_Args& a);
 
 const char* op_name(FDNN_ConvOp op);
 
+// The rules of the header that every shim checks alike, before any vendor call: a known op,
+// activation and algorithm policy; x, w, y (and bias) present with shapes, strides and
+// non-empty dims, on `device_type`, of one dtype; channels that fit the groups; output sizes
+// that follow from stride, dilation and padding; bias (K,) and only where the op takes one.
+// Fails with FDNN_ERROR_INVALID_ARGUMENT naming the rule and the problem. What a vendor
+// computes (dtypes, accumulation types, its algorithm ids) each shim checks after this.
+void check_conv_problem(const FDNN_Conv_Plan_Create_Args& a, int32_t device_type);
+
 // Whether this process is a child made by fork() after the shim was loaded.
 bool in_forked_child();
 

@@ -115,59 +115,17 @@ bool is_16bit(memory::data_type dt) {
 // ------------------------------------------------------------------------------------------
 // Problem checks (what the ABI promises callers we verify; a bad problem never reaches oneDNN)
 
-void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim) {
-  if (!fdnn_shim::has_tensor(t) || t->ndim != ndim)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s must have %d dimensions", name, ndim);
-  if (t->device.device_type != FDNN_DEVICE_CPU)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s is not on the CPU", name);
-  for (int i = 0; i < ndim; ++i)
-    if (t->shape[i] < 1) fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has an empty dimension", name);
-}
-
+// The shared rules (fdnn_shim::check_conv_problem), then what oneDNN computes.
 void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
-  const int n = a.spatial_rank;
-  if (n < 1 || n > FDNN_MAX_SPATIAL_DIMS)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "spatial_rank %d is not 1, 2 or 3", n);
-  check_tensor(a.x, "x", n + 2);
-  check_tensor(a.w, "w", n + 2);
-  check_tensor(a.y, "y", n + 2);
-  const memory::data_type dt = to_dnnl(a.x->dtype);
-  if (dt == memory::data_type::undef)
+  fdnn_shim::check_conv_problem(a, FDNN_DEVICE_CPU);
+  if (to_dnnl(a.x->dtype) == memory::data_type::undef)
     fail(FDNN_ERROR_UNSUPPORTED,
          "oneDNN convolution supports float32, bfloat16 and float16, not %s (float64 has no "
          "oneDNN convolution)",
          fdnn_shim::dtype_name(a.x->dtype));
-  for (const FDNN_DLTensor* t : {a.w, a.y})
-    if (to_dnnl(t->dtype) != dt) fail(FDNN_ERROR_INVALID_ARGUMENT, "x, w and y dtypes differ");
   if (a.compute_type.bits != 0 &&
       !(a.compute_type.code == FDNN_DTYPE_FLOAT && a.compute_type.bits == 32))
     fail(FDNN_ERROR_UNSUPPORTED, "oneDNN accumulates in float32 only");
-  const int64_t g = a.groups;
-  const int64_t N = a.x->shape[0], C = a.x->shape[1], K = a.w->shape[0];
-  if (g < 1 || C % g != 0 || K % g != 0 || a.w->shape[1] * g != C)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "channels do not fit groups: %s",
-         fdnn_shim::describe_problem(a).c_str());
-  if (a.y->shape[0] != N || a.y->shape[1] != K)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "y must be (N, K, ...): %s",
-         fdnn_shim::describe_problem(a).c_str());
-  for (int i = 0; i < n; ++i) {
-    const int64_t k = a.w->shape[2 + i], extent = a.dilation[i] * (k - 1) + 1;
-    const int64_t padded = a.x->shape[2 + i] + a.padding_lo[i] + a.padding_hi[i];
-    if (a.stride[i] < 1 || a.dilation[i] < 1 || a.padding_lo[i] < 0 || a.padding_hi[i] < 0 ||
-        padded < extent || (padded - extent) / a.stride[i] + 1 != a.y->shape[2 + i])
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "inconsistent spatial dim %d: %s", i,
-           fdnn_shim::describe_problem(a).c_str());
-  }
-  const bool has_bias = fdnn_shim::has_tensor(a.bias);
-  if (has_bias) {
-    if (a.op == FDNN_CONV_BACKWARD_DATA)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "backward_data takes no bias");
-    if (a.bias->ndim != 1 || a.bias->shape[0] != K || to_dnnl(a.bias->dtype) != dt)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "bias must be (K,) = (%lld,) of the input dtype",
-           static_cast<long long>(K));
-  }
-  if (a.activation != FDNN_ACTIVATION_NONE && a.op != FDNN_CONV_FORWARD)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "an activation is fused into forward only");
   if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 7))
     fail(FDNN_ERROR_INVALID_ARGUMENT, "algo_id %lld is not a oneDNN shim algorithm (0 to 7)",
          static_cast<long long>(a.algo_id));
