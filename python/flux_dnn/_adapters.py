@@ -93,6 +93,10 @@ class ArrayAPIAdapter:
         # one both sides agree on without knowing each other.
         return None if self.device(like)[0] == CPU else 1
 
+    def sum_over(self, a, axes):
+        """a summed over axes, in a's dtype (conv_backward_bias)."""
+        return a.sum(axis=axes)
+
     def workspace(self, like, nbytes):
         xp = self.namespace(like)
         return xp.empty((nbytes,), dtype=xp.uint8, device=like.device)
@@ -165,6 +169,13 @@ class NumpyAdapter(ArrayAPIAdapter):
 
     def stream(self, like):
         return None
+
+    def sum_over(self, a, axes):
+        # NumPy adds float16 and ml_dtypes' bfloat16 in their own precision, which loses the
+        # small terms of a long sum; add in float32 and round once, as the vendors do.
+        if a.dtype.itemsize == 2:
+            return a.sum(axis=axes, dtype="float32").astype(a.dtype)
+        return a.sum(axis=axes)
 
 
 def _torch_to_dlpack(tensor):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import _conv, _core
+from ._adapters import adapter_for
 
 _COMMON_DOC = """
     Arguments follow ``torch.nn.functional.conv{nd}d``: x ``(N, C, {sp})``, w
@@ -90,12 +91,7 @@ def conv_backward_bias(dy):
     library. (``conv_backward_weight(..., bias_grad=True)`` gets it from the vendor primitive
     together with the weight gradient.)"""
     nd = _rank_of(getattr(dy, "shape", None), "dy")
-    axes = (0, *range(2, nd + 2))
-    if type(dy).__module__ == "numpy" and dy.dtype.itemsize == 2:
-        # NumPy adds float16 and ml_dtypes' bfloat16 in their own precision, which loses the
-        # small terms of a long sum; add in float32 and round once, as the vendors do.
-        return dy.sum(axis=axes, dtype="float32").astype(dy.dtype)
-    return dy.sum(axis=axes)
+    return adapter_for(dy, "dy").sum_over(dy, (0, *range(2, nd + 2)))
 
 
 def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, **kwargs):
