@@ -5,6 +5,10 @@
 
 #include <climits>
 
+#include <cstddef>
+
+#include "flux_dnn/flux_dnn.h"
+#include "abi_constants.inc"  // generated: add_abi_constants(module)
 #include "autotune.hpp"
 #include "conv_call.hpp"
 #include "dlpack_intake.hpp"
@@ -141,6 +145,7 @@ py::dict describe_intake(py::handle array, const std::string& argname) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "flux_dnn core: shim loading, plan cache, DLPack intake (no vendor code)";
   m.attr("ABI_VERSION") = py::make_tuple(FDNN_ABI_MAJOR, FDNN_ABI_MINOR);
+  add_abi_constants(m);
   register_exceptions(m);
 
   py::class_<ShimLibrary, std::unique_ptr<ShimLibrary, py::nodelete>>(m, "Shim")
@@ -152,9 +157,6 @@ PYBIND11_MODULE(_core, m) {
       .def("dtype_support", &dtype_support, py::arg("dtype"), py::arg("device_id") = 0,
            "(support, detail): support is DTYPE_SUPPORT_NONE, _NATIVE or _CONVERTED, or -1 "
            "when the shim predates ABI 1.2 and does not say");
-  m.attr("DTYPE_SUPPORT_NONE") = static_cast<int>(FDNN_DTYPE_SUPPORT_NONE);
-  m.attr("DTYPE_SUPPORT_NATIVE") = static_cast<int>(FDNN_DTYPE_SUPPORT_NATIVE);
-  m.attr("DTYPE_SUPPORT_CONVERTED") = static_cast<int>(FDNN_DTYPE_SUPPORT_CONVERTED);
   m.def("load_shim", &ShimLibrary::load, py::return_value_policy::reference, py::arg("path"),
         "Load (once) and check the shim library at path; raises ShimLoadError.");
 
