@@ -384,7 +384,7 @@ typedef struct {
   int32_t spatial_rank; /* 1, 2 or 3 */
   /* Descriptors (data may be NULL, see FDNN_DLTensor). x: N, C, *spatial.
    * w: K, C/groups, *kernel. y: N, K, *out_spatial. bias: (K,), or ndim 0 for none.
-   * All borrowed for this call. */
+   * None of the four is NULL. All borrowed for this call. */
   const FDNN_DLTensor* x;
   const FDNN_DLTensor* w;
   const FDNN_DLTensor* y;
