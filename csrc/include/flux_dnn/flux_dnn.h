@@ -46,7 +46,8 @@
  *  2.0  The one break, made before shims live outside this repository:
  *       - int32_t for every field holding an enum value (op, activation, algo_policy, error
  *         code, support), and for the table's version numbers as before;
- *       - extension_start in every args struct and in the table;
+ *       - extension_start in every args struct and in the table (after the table's version
+ *         numbers, which stay right after struct_size in every version);
  *       - Conv_Capabilities replaces Conv_Dtype_Support: per device, op and dtype, how it is
  *         computed and which ranks, activations and features the shim serves;
  *       - Shim_Info reports the shim's priority among shims of one device type and the
@@ -475,9 +476,11 @@ typedef FDNN_Error* FDNN_Conv_Plan_Pack_Weights(FDNN_Conv_Plan_Pack_Weights_Args
 
 typedef struct {
   size_t struct_size; /* FDNN_Api_STRUCT_SIZE of the shim's own header */
-  FDNN_Extension_Base* extension_start; /* static storage; NULL in 2.0 */
+  /* Right after struct_size in every version (as in 1.x), so that a caller can read the
+   * version of any table, of any major, before it reads anything else. */
   int32_t abi_major;
   int32_t abi_minor;
+  FDNN_Extension_Base* extension_start; /* static storage; NULL in 2.0 */
   FDNN_Error_Destroy* Error_Destroy;
   FDNN_Error_Describe* Error_Describe;
   FDNN_Shim_Info* Shim_Info;
