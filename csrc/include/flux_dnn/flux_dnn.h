@@ -362,7 +362,8 @@ typedef struct {
   int32_t device_id;     /* 0 .. num_devices-1 */
   int32_t op;            /* FDNN_CONV_* */
   FDNN_DLDataType dtype; /* the dtype of x, w, y and bias */
-  int32_t support;       /* out: FDNN_SUPPORT_*; when NONE the fields below are 0 */
+  int32_t support; /* out: FDNN_SUPPORT_*; when NONE, spatial_ranks, activations and features
+                     are 0 and detail says why not */
   uint32_t spatial_ranks; /* out: bit (1 << r) for each spatial rank r (1, 2, 3) served */
   /* out: bit (1 << a) for each FDNN_ACTIVATION_* value a fused on FORWARD; (1 << NONE) for
    * the other ops */
