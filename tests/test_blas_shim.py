@@ -281,8 +281,8 @@ def test_capabilities(shim, op, dtype, support, detail):
         return
     assert a.spatial_ranks == 0b1110
     assert a.activations == ((1 << ABI.NUM_ACTIVATIONS) - 1 if op == FORWARD else 1 << ABI.ACTIVATION_NONE)
-    packs = ABI.FEATURE_PACK_WEIGHTS if op == FORWARD else 0
-    assert a.features == EVERY_FEATURE & ~ABI.FEATURE_PACK_WEIGHTS | packs
+    per_op = {FORWARD: ABI.FEATURE_PACK_WEIGHTS, BACKWARD_WEIGHT: ABI.FEATURE_BIAS_GRADIENT}
+    assert a.features == EVERY_FEATURE & ~ABI.FEATURE_PACK_WEIGHTS & ~ABI.FEATURE_BIAS_GRADIENT | per_op.get(op, 0)
 
 
 # ---------------------------------------------------------------------------------------------

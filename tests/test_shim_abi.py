@@ -365,6 +365,8 @@ def test_capabilities_are_well_formed(shim, op, dtype):
     assert caps.features & ~sum(FEATURES.values()) == 0
     if caps.features & ABI.FEATURE_PACK_WEIGHTS:
         assert shim.api.Conv_Plan_Pack_Weights and OPS[op] == ABI.CONV_FORWARD
+    if caps.features & ABI.FEATURE_BIAS_GRADIENT:
+        assert OPS[op] == ABI.CONV_BACKWARD_WEIGHT  # the feature of that op alone
 
 
 @SHIMS

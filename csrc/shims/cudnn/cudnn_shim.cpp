@@ -392,8 +392,9 @@ fdnn_shim::Capabilities capabilities(int device, int32_t op, FDNN_DLDataType t) 
   c.spatial_ranks = fdnn_shim::kRanks1To3;
   c.activations = fdnn_shim::activations_of_op(op, fdnn_shim::kEveryActivation);
   c.features = FDNN_FEATURE_GROUPS | FDNN_FEATURE_DILATION | FDNN_FEATURE_ALPHA_BETA |
-               FDNN_FEATURE_BIAS_GRADIENT | FDNN_FEATURE_ASYMMETRIC_PADDING |
-               FDNN_FEATURE_DETERMINISTIC | FDNN_FEATURE_BENCHMARK;
+               FDNN_FEATURE_ASYMMETRIC_PADDING | FDNN_FEATURE_DETERMINISTIC |
+               FDNN_FEATURE_BENCHMARK;
+  if (op == FDNN_CONV_BACKWARD_WEIGHT) c.features |= FDNN_FEATURE_BIAS_GRADIENT;  // our kernel
   if (f16 || bf16 || (f32 && ampere)) c.features |= FDNN_FEATURE_REDUCED_PRECISION;
   return c;
 }

@@ -992,9 +992,10 @@ DtypeCapabilities find_capabilities(memory::data_type dt) {
     // Groups, dilation and per-side padding are oneDNN's own parameters; alpha/beta are
     // post-ops or the output reorder's scale and sum; CPU results are deterministic.
     c.features = FDNN_FEATURE_GROUPS | FDNN_FEATURE_DILATION | FDNN_FEATURE_ALPHA_BETA |
-                 FDNN_FEATURE_BIAS_GRADIENT | FDNN_FEATURE_ASYMMETRIC_PADDING |
-                 FDNN_FEATURE_DETERMINISTIC | FDNN_FEATURE_BENCHMARK;
+                 FDNN_FEATURE_ASYMMETRIC_PADDING | FDNN_FEATURE_DETERMINISTIC |
+                 FDNN_FEATURE_BENCHMARK;
     if (op == FDNN_CONV_FORWARD) c.features |= FDNN_FEATURE_PACK_WEIGHTS;
+    if (op == FDNN_CONV_BACKWARD_WEIGHT) c.features |= FDNN_FEATURE_BIAS_GRADIENT;  // diff_bias
     if (dt == memory::data_type::f32 && bf16_math())
       c.features |= FDNN_FEATURE_REDUCED_PRECISION;
   }
