@@ -444,3 +444,86 @@ def test_ffi_handler_checks_the_shim_and_maps_its_errors(tmp_path):
         with pytest.raises(jax.errors.JaxRuntimeError,
                            match=rf"{status}: flux_dnn: \[ffierrors\] creating a plan: fake failure code {code}"):
             ffi_call(lib, x, w, groups=1000 + code)
+
+
+# -- a warm call allocates nothing in C++ -----------------------------------------------------
+
+COUNTER_SETUP = r"""
+import ctypes, sys
+import numpy as np
+import flux_dnn
+from flux_dnn import _core
+
+def count_in(library):
+    counter = ctypes.CDLL(sys.argv[1])
+    counter.alloc_counter_stop.restype = ctypes.c_long
+    spans = [[int(v, 16) for v in line.split()[0].split("-")] for line in open("/proc/self/maps")
+             if line.rstrip().endswith(library)]
+    counter.alloc_counter_range(ctypes.c_size_t(min(s[0] for s in spans)), ctypes.c_size_t(max(s[1] for s in spans)))
+    return counter
+
+def allocations(call):
+    for _ in range(3):
+        call()  # plans made, buffers grown
+    counter.alloc_counter_start()
+    for _ in range(50):
+        call()
+    return counter.alloc_counter_stop()
+"""
+
+ALLOC_PROBE = COUNTER_SETUP + r"""
+counter = count_in(_core.__file__)
+shim = _core.load_shim(sys.argv[2])
+spec = _core.ConvSpec(_core.CONV_FORWARD, 2, [1, 1], [1, 1], [0, 0], [0, 0], 1)
+x, w = np.zeros((1, 4, 8, 8), np.float32), np.zeros((4, 4, 3, 3), np.float32)
+y = np.zeros((1, 4, 6, 6), np.float32)
+packed = _core.PackedConv(shim, spec, x, w, y, None, None)
+print(allocations(lambda: _core.run_conv(shim, spec, x, w, y, None, None, None)),
+      allocations(lambda: packed.run(x, y, None, None, None)),
+      allocations(lambda: flux_dnn.conv2d(x, w, out=y)))
+"""
+
+
+FFI_ALLOC_PROBE = COUNTER_SETUP + r"""
+import jax, flux_dnn.jax as fj
+fj.ffi_available()
+counter = count_in(fj._FFI_LIBRARY)
+ones, zeros = np.ones(2, np.int64), np.zeros(2, np.int64)
+out = jax.ShapeDtypeStruct((1, 3, 4, 4), np.float32)
+conv = jax.jit(lambda x, w: jax.ffi.ffi_call(fj._FFI_TARGET, out)(
+    x, w, shim=sys.argv[2], op=np.int64(0), stride=ones, padding_lo=zeros, padding_hi=zeros, dilation=ones,
+    groups=np.int64(1), flags=np.int64(-1)))
+x, w = jax.numpy.zeros((1, 2, 4, 4), np.float32), jax.numpy.ones((3, 2, 1, 1), np.float32)
+print(allocations(lambda: conv(x, w).block_until_ready()))
+"""
+
+
+def count_allocations(tmp_path, probe):
+    """Runs probe under an LD_PRELOAD malloc that counts the allocations whose call stack
+    passes through the library the probe names; returns the probe's output."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the allocation counter is an LD_PRELOAD library for glibc")
+    counter_lib = tmp_path / "liballoc_counter.so"
+    subprocess.run([compiler(), "-O1", "-shared", "-fPIC", str(pathlib.Path(__file__).with_name("alloc_counter.c")),
+                    "-o", str(counter_lib), "-ldl"], check=True)
+    shim = fake_shim(tmp_path, "fakewarm")
+    result = subprocess.run([sys.executable, "-c", probe, str(counter_lib), str(shim)], capture_output=True,
+                            text=True, timeout=120,
+                            env={**os.environ, "LD_PRELOAD": str(counter_lib), "FLUX_DNN_SHIMS": str(shim)})
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+def test_a_warm_call_allocates_nothing_in_core(tmp_path):
+    """run_conv, a packed plan and flux_dnn.conv2d (on the fake shim) allocate nothing in C++
+    once warm."""
+    assert count_allocations(tmp_path, ALLOC_PROBE) == ["0", "0", "0"]
+
+
+def test_a_warm_ffi_call_allocates_nothing_in_the_handler(tmp_path):
+    pytest.importorskip("jax")
+    import flux_dnn.jax as fj
+
+    if not fj.ffi_available():
+        pytest.skip(f"the XLA FFI handler is not built: {fj._ffi_state.get('reason')}")
+    assert count_allocations(tmp_path, FFI_ALLOC_PROBE) == ["0"]
