@@ -17,11 +17,11 @@ import pytest
 
 import fdnn_ctypes as F
 import reference as ref
+from fdnn_ctypes import ABI
 
-FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT = 0, 1, 2
-ACTIVATIONS = {"relu": 1, "leaky_relu": 2, "clip": 3, "sigmoid": 4, "tanh": 5, "gelu_tanh": 6,
-               "gelu_erf": 7, "silu": 8}
-DTYPE_CODES = {"float64": (2, 64), "float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16)}
+FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT = ABI.CONV_FORWARD, ABI.CONV_BACKWARD_DATA, ABI.CONV_BACKWARD_WEIGHT
+ACTIVATIONS = {name.lower(): value for name, value in ABI.group("ACTIVATION_").items() if name != "NONE"}
+DTYPE_CODES = F.DTYPES
 STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 RTOL = {"float64": 1e-12, "float32": 2e-4, "float16": 2e-3, "bfloat16": 1e-2}
 DTYPES = tuple(DTYPE_CODES)
@@ -48,17 +48,6 @@ def shim():
     except (ImportError, OSError):
         pass
     return F.Shim(str(path))
-
-
-class ExecuteArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("plan", C.c_void_p), ("x", C.c_void_p), ("w", C.c_void_p),
-                ("y", C.c_void_p), ("bias", C.c_void_p), ("workspace", C.c_void_p),
-                ("workspace_size", C.c_size_t), ("stream", C.c_void_p)]
-
-
-class PackArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("plan", C.c_void_p), ("w", C.c_void_p), ("stream", C.c_void_p),
-                ("packed_plan", C.c_void_p), ("workspace_size", C.c_size_t)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,22 +104,20 @@ def descriptor(a, dtype, keep):
     strides = (C.c_int64 * a.ndim)(*[s // a.itemsize for s in a.strides])
     keep += [shape, strides]
     code, bits = DTYPE_CODES[dtype]
-    return F.DLTensor(data=a.ctypes.data, device=F.DLDevice(1, 0), ndim=a.ndim,
+    return F.DLTensor(data=a.ctypes.data, device=F.DLDevice(ABI.DEVICE_CPU, 0), ndim=a.ndim,
                       dtype=F.DLDataType(code, bits, 1), shape=shape, strides=strides, byte_offset=0)
 
 
 def plan_args(op, x, w, y, bias, dtype, *, stride, dilation, lo, hi, groups, alpha=1.0, beta=0.0,
-              act=0, act_a=0.0, act_b=0.0, limit=None, policy=0, algo_id=0):
+              act=ABI.ACTIVATION_NONE, act_a=0.0, act_b=0.0, limit=None, policy=ABI.ALGO_HEURISTIC, algo_id=0):
     keep = []
     tx, tw, ty, tb = (descriptor(a, dtype, keep) for a in (x, w, y, bias))
     keep += [tx, tw, ty, tb]
     nd = x.ndim - 2
-    args = F.ConvPlanCreateArgs(struct_size=C.sizeof(F.ConvPlanCreateArgs), op=op, spatial_rank=nd,
-                                x=C.pointer(tx), w=C.pointer(tw), y=C.pointer(ty), bias=C.pointer(tb),
-                                groups=groups, alpha=alpha, beta=beta, activation=act,
-                                activation_alpha=act_a, activation_beta=act_b, algo_policy=policy,
-                                algo_id=algo_id,
-                                workspace_limit=C.c_size_t(-1).value if limit is None else limit)
+    args = F.new(F.ConvPlanCreateArgs, op=op, spatial_rank=nd, x=C.pointer(tx), w=C.pointer(tw), y=C.pointer(ty),
+                 bias=C.pointer(tb), groups=groups, alpha=alpha, beta=beta, activation=act, activation_alpha=act_a,
+                 activation_beta=act_b, algo_policy=policy, algo_id=algo_id,
+                 workspace_limit=C.c_size_t(-1).value if limit is None else limit)
     for i in range(nd):
         args.stride[i], args.dilation[i], args.padding_lo[i], args.padding_hi[i] = stride[i], dilation[i], lo[i], hi[i]
     args._keep = keep
@@ -144,15 +131,14 @@ def workspace(size):
 
 
 def destroy(shim, plan):
-    C.CFUNCTYPE(None, C.POINTER(F.PlanDestroyArgs))(shim.api.Plan_Destroy)(
-        C.byref(F.PlanDestroyArgs(struct_size=C.sizeof(F.PlanDestroyArgs), plan=plan)))
+    shim.destroy(plan)
 
 
 def execute(shim, plan, size, x, w, y, bias):
     raw, ws = workspace(size)
     ptr = lambda a: None if a is None else a.ctypes.data
-    e = ExecuteArgs(struct_size=C.sizeof(ExecuteArgs), plan=plan, x=ptr(x), w=ptr(w), y=ptr(y), bias=ptr(bias),
-                    workspace=ws if size else None, workspace_size=size)
+    e = F.new(F.ConvPlanExecuteArgs, plan=plan, x=ptr(x), w=ptr(w), y=ptr(y), bias=ptr(bias),
+              workspace=ws if size else None, workspace_size=size)
     return shim.call("Conv_Plan_Execute", e)
 
 
@@ -205,7 +191,7 @@ def check_close(out, expected, dtype, what=""):
 
 def conv_case(shim, rng, op, dtype, nd, *, N=2, C=4, K=6, size=7, groups=2, g=None, x_layout="dense",
               y_layout="dense", w_layout="dense", bias=False, alpha=1.0, beta=0.0, act=None, act_a=0.0,
-              act_b=0.0, limit=None, policy=0, algo_id=0):
+              act_b=0.0, limit=None, policy=ABI.ALGO_HEURISTIC, algo_id=0):
     g = g or geometry(nd)
     sp = (size,) * nd if isinstance(size, int) else size
     osp = tuple(ref.out_size(sp[i], g["ks"][i], g["stride"][i], g["dilation"][i], g["lo"][i], g["hi"][i])
@@ -243,7 +229,7 @@ def conv_case(shim, rng, op, dtype, nd, *, N=2, C=4, K=6, size=7, groups=2, g=No
     if old is not None:
         expected = expected + beta * old
     error, args = run(shim, op, x, w, y, b, dtype, stride=geo["stride"], dilation=geo["dilation"], lo=geo["lo"],
-                      hi=geo["hi"], groups=groups, alpha=alpha, beta=beta, act=ACTIVATIONS.get(act, 0),
+                      hi=geo["hi"], groups=groups, alpha=alpha, beta=beta, act=ACTIVATIONS.get(act, ABI.ACTIVATION_NONE),
                       act_a=act_a, act_b=act_b, limit=limit, policy=policy, algo_id=algo_id)
     assert error is None, error
     check_close(out, expected, dtype, f"{out_name} ({args.name})")
@@ -256,31 +242,47 @@ def conv_case(shim, rng, op, dtype, nd, *, N=2, C=4, K=6, size=7, groups=2, g=No
 
 
 # ---------------------------------------------------------------------------------------------
-# The table, info, dtype support
+# The table, info, capabilities (what every shim owes the header: test_shim_abi.py)
 
 
 def test_table_and_info(shim):
-    assert shim.api.abi_major == 1 and shim.api.abi_minor >= 2
-    assert shim.api.Conv_Dtype_Support and shim.api.Conv_Plan_Pack_Weights
+    assert (shim.api.abi_major, shim.api.abi_minor) == (ABI.ABI_MAJOR, ABI.ABI_MINOR)
+    assert shim.api.Conv_Capabilities and shim.api.Conv_Plan_Pack_Weights
     info = shim.info()
     assert info.shim_name == b"blas" and info.vendor_name == b"OpenBLAS"
-    assert info.device_type == 1 and info.num_devices == 1 and info.unavailable_reason is None
+    assert info.device_type == ABI.DEVICE_CPU and info.num_devices == 1 and info.unavailable_reason is None
+    assert info.priority == ABI.PRIORITY_PORTABLE  # oneDNN, where present, is asked first
+    assert info.shim_version.decode() == F.flux_dnn_version()
     assert info.vendor_version_built and info.vendor_version_runtime
-    d = F.DeviceDescribeArgs(struct_size=C.sizeof(F.DeviceDescribeArgs), device_id=0)
+    d = F.new(F.DeviceDescribeArgs, device_id=0)
     assert shim.call("Device_Describe", d) is None
-    assert d.name.startswith(b"CPU, OpenBLAS")
+    assert d.name.startswith(b"CPU, OpenBLAS") and d.default_flags == 0
 
 
-@pytest.mark.parametrize("dtype,support", [((2, 64), 1), ((2, 32), 1), ((2, 16), 2), ((4, 16), 2),
-                                           ((0, 32), 0), ((2, 8), 0)])
-def test_dtype_support(shim, dtype, support):
-    a = F.ConvDtypeSupportArgs(struct_size=C.sizeof(F.ConvDtypeSupportArgs), device_id=0,
-                               dtype=F.DLDataType(dtype[0], dtype[1], 1))
-    assert shim.call("Conv_Dtype_Support", a) is None
-    assert a.support == support
-    assert a.detail is not None
-    if support == 2:
-        assert b"float32" in a.detail
+# Everything is this shim's own code around GEMM: every op, rank, activation and feature but
+# reduced precision, for each dtype it computes.
+EVERY_FEATURE = sum(ABI.group("FEATURE_").values()) & ~ABI.FEATURE_REDUCED_PRECISION
+
+
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("dtype,support,detail", [
+    ((ABI.DTYPE_FLOAT, 64), ABI.SUPPORT_NATIVE, b"float64 GEMM (dgemm)"),
+    ((ABI.DTYPE_FLOAT, 32), ABI.SUPPORT_NATIVE, b"float32 GEMM (sgemm)"),
+    ((ABI.DTYPE_FLOAT, 16), ABI.SUPPORT_CONVERTED, b"float32 GEMM, one rounding"),
+    ((ABI.DTYPE_BFLOAT, 16), ABI.SUPPORT_CONVERTED, b"float32 GEMM, one rounding"),
+    ((ABI.DTYPE_INT, 32), ABI.SUPPORT_NONE, b"OpenBLAS convolutions take float64, float32, float16 and bfloat16 only"),
+    ((ABI.DTYPE_FLOAT, 8), ABI.SUPPORT_NONE, b"OpenBLAS convolutions take float64, float32, float16 and bfloat16 only")])
+def test_capabilities(shim, op, dtype, support, detail):
+    a = shim.capabilities(op, dtype)
+    assert not isinstance(a, tuple), a
+    assert (a.support, a.detail) == (support, detail)
+    if support == ABI.SUPPORT_NONE:
+        assert (a.spatial_ranks, a.activations, a.features) == (0, 0, 0)
+        return
+    assert a.spatial_ranks == 0b1110
+    assert a.activations == ((1 << ABI.NUM_ACTIVATIONS) - 1 if op == FORWARD else 1 << ABI.ACTIVATION_NONE)
+    per_op = {FORWARD: ABI.FEATURE_PACK_WEIGHTS, BACKWARD_WEIGHT: ABI.FEATURE_BIAS_GRADIENT}
+    assert a.features == EVERY_FEATURE & ~ABI.FEATURE_PACK_WEIGHTS & ~ABI.FEATURE_BIAS_GRADIENT | per_op.get(op, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,7 +314,7 @@ def test_each_lowering_any_layout(shim, rng, op, dtype, algo_id, lay):
     """Every lowering (1 rows, 2 cols per image, 3 cols over the batch) on every layout, including non-dense strides: the
     direct and the staged paths."""
     args = conv_case(shim, rng, op, dtype, 2, size=(6, 5), g=GEOMETRIES[2], x_layout=lay, y_layout=lay,
-                     w_layout=lay, policy=2, algo_id=algo_id, bias=op == BACKWARD_WEIGHT)
+                     w_layout=lay, policy=ABI.ALGO_GIVEN, algo_id=algo_id, bias=op == BACKWARD_WEIGHT)
     assert args.chosen_algo_id == algo_id
 
 
@@ -355,7 +357,7 @@ def test_direct_depthwise(shim, rng, op, dtype, lay, mult, geo):
                      act=act, act_a=0.25)
     assert args.chosen_algo_id == 4
     args = conv_case(shim, rng, op, dtype, 2, N=1, C=4, K=4 * mult, size=(5, 300), groups=4, g=DW_GEOMETRIES[geo],
-                     x_layout=lay, y_layout=lay, policy=2, algo_id=4, bias=op != BACKWARD_DATA, alpha=0.75, beta=beta)
+                     x_layout=lay, y_layout=lay, policy=ABI.ALGO_GIVEN, algo_id=4, bias=op != BACKWARD_DATA, alpha=0.75, beta=beta)
     assert args.chosen_algo_id == 4
 
 
@@ -466,7 +468,7 @@ def test_packed_weights(shim, rng):
     args = plan_args(FORWARD, x, w, y, None, "float32", stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1),
                      groups=1)
     assert shim.call("Conv_Plan_Create", args) is None
-    pack = PackArgs(struct_size=C.sizeof(PackArgs), plan=args.plan, w=w.ctypes.data)
+    pack = F.new(F.ConvPlanPackWeightsArgs, plan=args.plan, w=w.ctypes.data)
     assert shim.call("Conv_Plan_Pack_Weights", pack) is None
     destroy(shim, args.plan)
     w_seen = w.copy()
@@ -477,9 +479,9 @@ def test_packed_weights(shim, rng):
 
 
 def test_benchmark_policy(shim, rng):
-    args = conv_case(shim, rng, FORWARD, "float32", 2, size=6, policy=1)
+    args = conv_case(shim, rng, FORWARD, "float32", 2, size=6, policy=ABI.ALGO_BENCHMARK)
     assert args.chosen_algo_id in (1, 2, 3)
-    args = conv_case(shim, rng, FORWARD, "float32", 2, C=4, K=4, groups=4, size=6, policy=1)
+    args = conv_case(shim, rng, FORWARD, "float32", 2, C=4, K=4, groups=4, size=6, policy=ABI.ALGO_BENCHMARK)
     assert args.chosen_algo_id in (1, 2, 3, 4)
 
 
@@ -498,11 +500,11 @@ def _bad_cases():
         "bad_rank": mod(rank=4),
         "batch_mismatch": mod(y_shape=(3, 6, 6, 6)),
         "dilation0": mod(dilation=(1, 0)),
-        "activation_on_backward": mod(op=BACKWARD_DATA, act=1),
+        "activation_on_backward": mod(op=BACKWARD_DATA, act=ABI.ACTIVATION_RELU),
         "bias_on_backward_data": mod(op=BACKWARD_DATA, bias=True),
         "bias_wrong_size": mod(bias_shape=(5,)),
         "dtype_mismatch": mod(w_dtype="float64"),
-        "unknown_algo": mod(policy=2, algo_id=7),
+        "unknown_algo": mod(policy=ABI.ALGO_GIVEN, algo_id=7),
         "null_plan_args": mod(null_x=True),
     }
 
@@ -516,9 +518,9 @@ def test_invalid_arguments(shim, case):
     b = np.ones(c.get("bias_shape", (6,)), np.float32) if c.get("bias") or "bias_shape" in c else None
     args = plan_args(c.get("op", FORWARD), x, w, y, b, "float32", stride=c.get("stride", (1, 1)),
                      dilation=c.get("dilation", (1, 1)), lo=c.get("lo", (1, 1)), hi=(1, 1), groups=c.get("groups", 2),
-                     act=c.get("act", 0), policy=c.get("policy", 0), algo_id=c.get("algo_id", 0))
+                     act=c.get("act", ABI.ACTIVATION_NONE), policy=c.get("policy", ABI.ALGO_HEURISTIC), algo_id=c.get("algo_id", 0))
     if "w_dtype" in c:
-        args.w.contents.dtype = F.DLDataType(2, 64, 1)
+        args.w.contents.dtype = F.DLDataType(*F.DTYPES["float64"], 1)
     if "rank" in c:
         args.spatial_rank = c["rank"]
     if c.get("null_x"):
@@ -536,7 +538,7 @@ def test_unsupported_dtype_names_it(shim):
     args = plan_args(FORWARD, x, np.ones((2, 2, 1), np.int32), np.ones((1, 2, 4), np.int32), None, "float32",
                      stride=(1,), dilation=(1,), lo=(0,), hi=(0,), groups=1)
     for t in (args.x, args.w, args.y):
-        t.contents.dtype = F.DLDataType(0, 32, 1)
+        t.contents.dtype = F.DLDataType(ABI.DTYPE_INT, 32, 1)
     error = shim.call("Conv_Plan_Create", args)
     assert error is not None and error[0] == "UNSUPPORTED" and "float32" in error[1], error
 
@@ -557,7 +559,7 @@ def test_execute_rejects_small_workspace_and_null_data(shim):
         assert (y == 7.0).all()
     finally:
         destroy(shim, args.plan)
-    small = F.ConvPlanCreateArgs(struct_size=8)
+    small = F.ConvPlanCreateArgs(struct_size=F.struct_size(F.ConvPlanCreateArgs) - 1)
     error = shim.call("Conv_Plan_Create", small)
     assert error is not None and error[0] == "INVALID_ARGUMENT"
 

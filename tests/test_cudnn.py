@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import flux_dnn
+from fdnn_ctypes import ABI
 
 cuda13 = pytest.importorskip(
     "flux_dnn_cuda13", reason="flux-dnn-cuda13 is not installed (pip install packaging/flux-dnn-cuda13)")
@@ -26,7 +27,7 @@ def cudnn_status():
 def test_entry_point_spec_points_at_the_shim():
     spec = cuda13.shim_spec()
     assert isinstance(spec, flux_dnn.ShimSpec)
-    assert (spec.name, spec.device_type) == ("cudnn", 2)
+    assert (spec.name, spec.device_type) == ("cudnn", ABI.DEVICE_CUDA)
     assert spec.library.endswith("libflux_dnn_cudnn.so")
     assert "pip install flux-dnn-cuda13" in spec.install_hint
 
@@ -34,7 +35,7 @@ def test_entry_point_spec_points_at_the_shim():
 def test_shims_lists_cudnn_loaded_with_its_cudnn_version():
     s = cudnn_status()
     assert s.found and s.loaded, s.reason
-    assert s.device_type == 2 and s.vendor == "cuDNN"
+    assert s.device_type == ABI.DEVICE_CUDA and s.vendor == "cuDNN"
     assert s.vendor_version_runtime.startswith("9."), s
     assert s.vendor_version_built.startswith("9.")
 
@@ -60,7 +61,7 @@ def test_info_command_reports_the_shim():
 
 
 def test_cpu_convolution_still_works_with_the_cuda_wheel_installed(rng):
-    cpu = [s for s in flux_dnn.shims() if s.device_type == 1]
+    cpu = [s for s in flux_dnn.shims() if s.device_type == ABI.DEVICE_CPU]
     if not any(s.usable for s in cpu):  # e.g. the GPU check machine, which lacks oneDNN
         pytest.skip(f"no usable CPU shim here: {[s.reason for s in cpu]}")
     x = rng.standard_normal((2, 3, 8, 8), dtype=np.float32)
@@ -82,7 +83,7 @@ class CudaArrayStandIn:
     dtype = np.dtype(np.float32)
 
     def __dlpack_device__(self):
-        return (2, 0)
+        return (ABI.DEVICE_CUDA, 0)
 
     def __dlpack__(self, stream=None, **kwargs):
         raise AssertionError("the data of an unusable device must not be exported")

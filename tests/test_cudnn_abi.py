@@ -1,34 +1,24 @@
-"""The cuDNN shim's C ABI, driven directly through ctypes (below the core).
+"""The cuDNN shim's own C ABI behaviour, driven directly through ctypes (below the core).
 
-Runs everywhere the shim is built: without a GPU it checks the table, the reported cuDNN
-version and the no-GPU reason and errors; with a CUDA device it also plans real
-convolutions (algorithm ids, flags, workspace limit). The conformance of the numbers is in
-test_cudnn_gpu.py.
+Runs everywhere the shim is built: without a GPU it checks what only this shim does (its
+cuDNN version, no exports but the entry point, the no-GPU reason and errors, cuDNN found
+without a preload); with a CUDA device it also plans real convolutions (algorithm ids,
+flags, workspace limit, capabilities per compute capability). What every shim owes the
+header is in test_shim_abi.py (FLUX_DNN_CUDNN_SHIM puts this shim there too); the
+conformance of the numbers is in test_cudnn_gpu.py.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.metadata
 import os
-import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
 
-from fdnn_ctypes import (FUNCTIONS, Api, DeviceDescribeArgs, PlanDestroyArgs, Shim, ShimInfoArgs,
-                         conv_args, tensor)
-
-
-HEADER = os.path.join(os.path.dirname(__file__), "..", "csrc", "include", "flux_dnn", "flux_dnn.h")
-
-
-def header_abi_version() -> tuple:
-    """(major, minor) as the ABI header writes them: the one place they are written."""
-    text = pathlib.Path(HEADER).read_text()
-    return tuple(int(re.search(rf"#define FDNN_ABI_{part} (\d+)", text).group(1)) for part in ("MAJOR", "MINOR"))
+import fdnn_ctypes as F
+from fdnn_ctypes import ABI, DeviceDescribeArgs, Shim, ShimInfoArgs, conv_args, new, tensor
 
 
 def _shim_library() -> str | None:
@@ -55,15 +45,7 @@ pytestmark = pytest.mark.skipif(
 def shim() -> Shim:
     # What the wheel's entry point does before the core loads the shim: load cuDNN from the
     # nvidia-cudnn-cu* wheel. Without it the shim must still load and explain itself.
-    for dist in ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"):
-        try:
-            files = importlib.metadata.distribution(dist).files or []
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        for f in files:
-            if f.name == "libcudnn.so.9":
-                ctypes.CDLL(str(f.locate()), mode=ctypes.RTLD_GLOBAL)
-                break
+    F.preload_vendor_libraries()
     return Shim(LIBRARY)
 
 
@@ -76,14 +58,11 @@ def has_device(info) -> bool:
     return info.unavailable_reason is None and info.num_devices > 0
 
 
-def test_table_is_the_headers_abi(shim):
+def test_table_is_the_headers_abi_without_packing(shim):
     api = shim.api
-    assert api.struct_size == ctypes.sizeof(Api)
-    assert (api.abi_major, api.abi_minor) == header_abi_version()
-    for name in FUNCTIONS:
-        assert getattr(api, name), f"{name} is NULL"
+    assert (api.abi_major, api.abi_minor) == (ABI.ABI_MAJOR, ABI.ABI_MINOR)
+    assert api.Conv_Capabilities
     assert not api.Conv_Plan_Pack_Weights  # cuDNN reads w as it is: nothing to pack
-    assert api.Conv_Dtype_Support  # 1.2
 
 
 def test_only_the_entry_point_is_exported(shim):
@@ -94,7 +73,9 @@ def test_only_the_entry_point_is_exported(shim):
 def test_info_names_cudnn_and_its_versions(info):
     assert info.shim_name == b"cudnn"
     assert info.vendor_name == b"cuDNN"
-    assert info.device_type == 2
+    assert info.device_type == ABI.DEVICE_CUDA
+    assert info.priority == ABI.PRIORITY_VENDOR
+    assert info.shim_version.decode() == F.flux_dnn_version()
     assert re.fullmatch(rb"9\.\d+\.\d+", info.vendor_version_built)
     # The nvidia-cudnn-cu13 wheel is a dependency of the shim's wheel: it must be found.
     assert re.fullmatch(rb"9\.\d+\.\d+", info.vendor_version_runtime), info.unavailable_reason
@@ -122,17 +103,6 @@ def test_finds_cudnn_without_preload_or_library_path():
     assert re.fullmatch(r"9\.\d+\.\d+", out.stdout.strip()), out
 
 
-def test_small_struct_size_is_refused(shim):
-    args = ShimInfoArgs(struct_size=8)
-    code, message = shim.call("Shim_Info", args)
-    assert code == "INVALID_ARGUMENT" and "struct_size" in message
-
-
-def test_plan_destroy_of_null_is_a_no_op(shim):
-    ctypes.CFUNCTYPE(None, ctypes.POINTER(PlanDestroyArgs))(shim.api.Plan_Destroy)(
-        ctypes.byref(PlanDestroyArgs(struct_size=ctypes.sizeof(PlanDestroyArgs), plan=None)))
-
-
 def _small_problem(**kw):
     x, w, y = tensor([2, 4, 8, 8]), tensor([6, 4, 3, 3]), tensor([2, 6, 8, 8])
     args = conv_args(x, w, y, padding=1, **kw)
@@ -151,9 +121,17 @@ def test_plan_without_gpu_is_unavailable_with_the_reason(shim, info):
 def test_device_describe_without_gpu_is_unavailable(shim, info):
     if has_device(info):
         pytest.skip("a CUDA device is present")
-    args = DeviceDescribeArgs(struct_size=ctypes.sizeof(DeviceDescribeArgs), device_id=0)
-    code, _ = shim.call("Device_Describe", args)
-    assert code == "UNAVAILABLE"
+    args = new(DeviceDescribeArgs, device_id=0)
+    code, message = shim.call("Device_Describe", args)
+    assert code == "UNAVAILABLE" and info.unavailable_reason.decode() in message
+
+
+def test_capabilities_without_gpu_are_unavailable(shim, info):
+    if has_device(info):
+        pytest.skip("a CUDA device is present")
+    error = shim.capabilities(ABI.CONV_FORWARD, F.DTYPES["float32"])
+    assert isinstance(error, tuple) and error[0] == "UNAVAILABLE", error
+    assert info.unavailable_reason.decode() in error[1]
 
 
 # ---- with a CUDA device ----------------------------------------------------------------
@@ -167,24 +145,46 @@ def _plan(shim, args):
     error = shim.call("Conv_Plan_Create", args)
     assert error is None, error
     result = (args.workspace_size, args.chosen_algo_id, args.algo_name.decode())
-    ctypes.CFUNCTYPE(None, ctypes.POINTER(PlanDestroyArgs))(shim.api.Plan_Destroy)(
-        ctypes.byref(PlanDestroyArgs(struct_size=ctypes.sizeof(PlanDestroyArgs), plan=args.plan)))
+    shim.destroy(args.plan)
     return result
 
 
-def test_device_name_has_the_sm_version(shim, info):
+def _compute_capability(shim) -> int:
+    args = new(DeviceDescribeArgs, device_id=0)
+    assert shim.call("Device_Describe", args) is None
+    return int(re.search(rb"\(sm_(\d+)\)$", args.name).group(1))
+
+
+def test_device_name_has_the_sm_version_and_tf32_is_the_default(shim, info):
     _gpu(info)
-    args = DeviceDescribeArgs(struct_size=ctypes.sizeof(DeviceDescribeArgs), device_id=0)
+    args = new(DeviceDescribeArgs, device_id=0)
     assert shim.call("Device_Describe", args) is None
     assert re.search(rb"\(sm_\d+\)$", args.name), args.name
+    assert args.default_flags == ABI.CONV_ALLOW_REDUCED_PRECISION
 
 
-@pytest.mark.parametrize("op", [0, 1, 2])
+@pytest.mark.parametrize("dtype", sorted(F.DTYPES))
+def test_capabilities_follow_the_compute_capability(shim, info, dtype):
+    """bfloat16 and TF32 from sm_80 on; everything else on every GPU cuDNN 9 serves."""
+    _gpu(info)
+    ampere = _compute_capability(shim) >= 80
+    caps = shim.capabilities(ABI.CONV_FORWARD, F.DTYPES[dtype])
+    assert not isinstance(caps, tuple), caps
+    computed = dtype != "bfloat16" or ampere
+    assert caps.support == (ABI.SUPPORT_NATIVE if computed else ABI.SUPPORT_NONE), caps.detail
+    reduced = dtype in ("float16", "bfloat16") or (dtype == "float32" and ampere)
+    assert bool(caps.features & ABI.FEATURE_REDUCED_PRECISION) == (reduced and computed)
+
+
+OPS = (ABI.CONV_FORWARD, ABI.CONV_BACKWARD_DATA, ABI.CONV_BACKWARD_WEIGHT)
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_given_id_reproduces_the_choice(shim, info, op):
     _gpu(info)
-    for policy in (0, 1):  # heuristic, benchmark
+    for policy in (ABI.ALGO_HEURISTIC, ABI.ALGO_BENCHMARK):
         ws, algo, name = _plan(shim, _with(op, policy=policy))
-        ws2, algo2, name2 = _plan(shim, _with(op, policy=2, algo_id=algo))
+        ws2, algo2, name2 = _plan(shim, _with(op, policy=ABI.ALGO_GIVEN, algo_id=algo))
         assert algo2 == algo and ws2 == ws
         assert name2.split(" (")[0] == name.split(" (")[0]
 
@@ -198,26 +198,27 @@ def _with(op, **fields):
 
 def test_stale_algo_id_is_refused(shim, info):
     _gpu(info)
-    code, message = shim.call("Conv_Plan_Create", _with(0, policy=2, algo_id=(9999 << 16) | 0))
+    code, message = shim.call("Conv_Plan_Create", _with(ABI.CONV_FORWARD, policy=ABI.ALGO_GIVEN,
+                                                        algo_id=(9999 << 16) | 0))
     assert code == "INVALID_ARGUMENT" and "algo id" in message and "conv2d" in message
 
 
 def test_workspace_limit_zero_is_honoured(shim, info):
     _gpu(info)
-    ws, _, _ = _plan(shim, _with(0, workspace_limit=0))
+    ws, _, _ = _plan(shim, _with(ABI.CONV_FORWARD, workspace_limit=0))
     assert ws == 0
 
 
 def test_deterministic_excludes_nondeterministic_engines(shim, info):
     _gpu(info)
-    for op in (0, 1, 2):
-        _, _, name = _plan(shim, _with(op, flags=1, policy=1))
+    for op in OPS:
+        _, _, name = _plan(shim, _with(op, flags=ABI.CONV_DETERMINISTIC, policy=ABI.ALGO_BENCHMARK))
         assert "nondeterministic" not in name
 
 
 def test_fp32_without_reduced_precision_avoids_tensor_cores(shim, info):
     _gpu(info)
-    _, _, name = _plan(shim, _with(0, flags=0))
+    _, _, name = _plan(shim, _with(ABI.CONV_FORWARD, flags=0))
     assert "tensor-core" not in name
 
 

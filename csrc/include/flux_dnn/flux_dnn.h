@@ -46,7 +46,8 @@
  *  2.0  The one break, made before shims live outside this repository:
  *       - int32_t for every field holding an enum value (op, activation, algo_policy, error
  *         code, support), and for the table's version numbers as before;
- *       - extension_start in every args struct and in the table;
+ *       - extension_start in every args struct and in the table (after the table's version
+ *         numbers, which stay right after struct_size in every version);
  *       - Conv_Capabilities replaces Conv_Dtype_Support: per device, op and dtype, how it is
  *         computed and which ranks, activations and features the shim serves;
  *       - Shim_Info reports the shim's priority among shims of one device type and the
@@ -361,7 +362,8 @@ typedef struct {
   int32_t device_id;     /* 0 .. num_devices-1 */
   int32_t op;            /* FDNN_CONV_* */
   FDNN_DLDataType dtype; /* the dtype of x, w, y and bias */
-  int32_t support;       /* out: FDNN_SUPPORT_*; when NONE the fields below are 0 */
+  int32_t support; /* out: FDNN_SUPPORT_*; when NONE, spatial_ranks, activations and features
+                     are 0 and detail says why not */
   uint32_t spatial_ranks; /* out: bit (1 << r) for each spatial rank r (1, 2, 3) served */
   /* out: bit (1 << a) for each FDNN_ACTIVATION_* value a fused on FORWARD; (1 << NONE) for
    * the other ops */
@@ -384,7 +386,7 @@ typedef struct {
   int32_t spatial_rank; /* 1, 2 or 3 */
   /* Descriptors (data may be NULL, see FDNN_DLTensor). x: N, C, *spatial.
    * w: K, C/groups, *kernel. y: N, K, *out_spatial. bias: (K,), or ndim 0 for none.
-   * All borrowed for this call. */
+   * None of the four is NULL. All borrowed for this call. */
   const FDNN_DLTensor* x;
   const FDNN_DLTensor* w;
   const FDNN_DLTensor* y;
@@ -475,9 +477,11 @@ typedef FDNN_Error* FDNN_Conv_Plan_Pack_Weights(FDNN_Conv_Plan_Pack_Weights_Args
 
 typedef struct {
   size_t struct_size; /* FDNN_Api_STRUCT_SIZE of the shim's own header */
-  FDNN_Extension_Base* extension_start; /* static storage; NULL in 2.0 */
+  /* Right after struct_size in every version (as in 1.x), so that a caller can read the
+   * version of any table, of any major, before it reads anything else. */
   int32_t abi_major;
   int32_t abi_minor;
+  FDNN_Extension_Base* extension_start; /* static storage; NULL in 2.0 */
   FDNN_Error_Destroy* Error_Destroy;
   FDNN_Error_Describe* Error_Describe;
   FDNN_Shim_Info* Shim_Info;

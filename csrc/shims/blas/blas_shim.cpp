@@ -124,7 +124,7 @@ enum Lowering : int64_t {
 };
 
 struct Plan {
-  FDNN_ConvOp op = FDNN_CONV_FORWARD;
+  int32_t op = FDNN_CONV_FORWARD;
   Dt dt = kF32;
   Lowering lowering = kRows;  // kRows or kCols (kColsBatch is kCols spanning images)
   bool span_images = false;   // cols chunks may span images (no per-image direct views)
@@ -138,7 +138,7 @@ struct Plan {
   bool has_bias = false;
   int64_t kvol = 1, R = 1, OSP = 1, ISP = 1, M = 1;
   float alpha = 1.f, beta = 0.f;
-  FDNN_Activation act = FDNN_ACTIVATION_NONE;
+  int32_t act = FDNN_ACTIVATION_NONE;
   float act_a = 0.f, act_b = 0.f;
   // Zero-copy views (the caller's arrays used as GEMM operands).
   bool x_direct = false;  // x is the im2col matrix (forward, backward-weight)
@@ -155,6 +155,7 @@ struct Plan {
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 size_t elem_size(Dt dt) { return dt == kF64 ? 8 : 4; }  // of the compute type
+size_t storage_size(Dt dt) { return dt == kF64 ? 8 : dt == kF32 ? 4 : 2; }  // of the caller's
 
 // Whether dims `order` (outer to inner) of an array form one compact block whose innermost
 // stride is `unit` (dims of size 1 may have any stride).
@@ -206,15 +207,14 @@ bool activation_view(const int64_t sh[5], const int64_t s[5], Lowering l, int64_
 // ------------------------------------------------------------------------------------------
 // Problem checks (what the ABI promises callers is verified before any work)
 
-// The shared rules (fdnn_shim::check_conv_problem), then what OpenBLAS computes.
+fdnn_shim::Capabilities capabilities(int32_t op, FDNN_DLDataType dtype);
+
+// The shared rules (fdnn_shim::check_conv_problem), what this shim reports it computes
+// (fdnn_shim::check_covered), then what only OpenBLAS asks.
 void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
   fdnn_shim::check_conv_problem(a, FDNN_DEVICE_CPU);
+  fdnn_shim::check_covered(a, capabilities(a.op, a.x->dtype), "the OpenBLAS shim");
   const Dt dt = dt_of(a.x->dtype);
-  if (dt == kNone)
-    fail(FDNN_ERROR_UNSUPPORTED,
-         "the OpenBLAS shim computes float64 and float32 natively and float16 and bfloat16 "
-         "through float32, not %s",
-         fdnn_shim::dtype_name(a.x->dtype));
   if (a.compute_type.bits != 0 || a.compute_type.code != 0) {
     const bool ok = a.compute_type.code == FDNN_DTYPE_FLOAT &&
                     a.compute_type.bits == (dt == kF64 ? 64 : 32);
@@ -429,7 +429,7 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
 // Execution
 
 template <class T>
-void activate(T* v, int64_t n, FDNN_Activation act, T a, T b) {
+void activate(T* v, int64_t n, int32_t act, T a, T b) {
   switch (act) {
     case FDNN_ACTIVATION_NONE: return;
     case FDNN_ACTIVATION_RELU:
@@ -1211,6 +1211,12 @@ const std::string& device_name() {
   return v;
 }
 
+void check_device_id(int32_t device_id) {
+  if (device_id != 0)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "device_id %d: the OpenBLAS shim has one device (0)",
+         static_cast<int>(device_id));
+}
+
 FDNN_Error* shim_info(FDNN_Shim_Info_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Shim_Info_Args_STRUCT_SIZE, "Shim_Info");
@@ -1218,8 +1224,10 @@ FDNN_Error* shim_info(FDNN_Shim_Info_Args* args) {
     args->vendor_name = "OpenBLAS";
     args->vendor_version_built = built_version().c_str();
     args->vendor_version_runtime = runtime_version().c_str();
+    args->shim_version = FLUX_DNN_VERSION_STRING;
     args->device_type = FDNN_DEVICE_CPU;
     args->num_devices = 1;
+    args->priority = FDNN_PRIORITY_PORTABLE;  // oneDNN, where present, is asked first
     args->unavailable_reason = nullptr;
   });
 }
@@ -1227,39 +1235,50 @@ FDNN_Error* shim_info(FDNN_Shim_Info_Args* args) {
 FDNN_Error* device_describe(FDNN_Device_Describe_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Device_Describe_Args_STRUCT_SIZE, "Device_Describe");
-    if (args->device_id != 0)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "the OpenBLAS shim has one device (0), not %d",
-           args->device_id);
+    check_device_id(args->device_id);
+    args->default_flags = 0;
     args->name = device_name().c_str();
   });
 }
 
-FDNN_Error* dtype_support(FDNN_Conv_Dtype_Support_Args* args) {
-  return fdnn_shim::guarded([&] {
-    fdnn_shim::check_struct_size(args, FDNN_Conv_Dtype_Support_Args_STRUCT_SIZE,
-                                 "Conv_Dtype_Support");
-    if (args->device_id != 0)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "the OpenBLAS shim has one device (0), not %d",
-           args->device_id);
-    switch (dt_of(args->dtype)) {
-      case kF64:
-        args->support = FDNN_DTYPE_SUPPORT_NATIVE;
-        args->detail = "float64 GEMM (dgemm)";
-        break;
-      case kF32:
-        args->support = FDNN_DTYPE_SUPPORT_NATIVE;
-        args->detail = "float32 GEMM (sgemm)";
-        break;
-      case kF16:
-      case kBF16:
-        args->support = FDNN_DTYPE_SUPPORT_CONVERTED;
-        args->detail = "float32 GEMM, one rounding";
-        break;
-      case kNone:
-        args->support = FDNN_DTYPE_SUPPORT_NONE;
-        args->detail = "OpenBLAS convolutions take float64, float32, float16 and bfloat16 only";
-        break;
-    }
+// Every op, rank, activation and feature is this shim's own code around GEMM (or the direct
+// depthwise loops), the same for each dtype: float64 and float32 natively, 16-bit floats
+// widened to float32 and rounded once. Results are deterministic (fixed loop and reduction
+// orders); there is no lower-precision math to allow.
+fdnn_shim::Capabilities capabilities(int32_t op, FDNN_DLDataType dtype) {
+  fdnn_shim::Capabilities c;
+  switch (dt_of(dtype)) {
+    case kF64:
+      c.support = FDNN_SUPPORT_NATIVE;
+      c.detail = "float64 GEMM (dgemm)";
+      break;
+    case kF32:
+      c.support = FDNN_SUPPORT_NATIVE;
+      c.detail = "float32 GEMM (sgemm)";
+      break;
+    case kF16:
+    case kBF16:
+      c.support = FDNN_SUPPORT_CONVERTED;
+      c.detail = "float32 GEMM, one rounding";
+      break;
+    case kNone:
+      return fdnn_shim::not_computed(
+          "OpenBLAS convolutions take float64, float32, float16 and bfloat16 only");
+  }
+  c.spatial_ranks = fdnn_shim::kRanks1To3;
+  c.activations = fdnn_shim::activations_of_op(op, fdnn_shim::kEveryActivation);  // activate()
+  c.features = FDNN_FEATURE_GROUPS | FDNN_FEATURE_DILATION | FDNN_FEATURE_ALPHA_BETA |
+               FDNN_FEATURE_ASYMMETRIC_PADDING | FDNN_FEATURE_DETERMINISTIC |
+               FDNN_FEATURE_BENCHMARK;
+  if (op == FDNN_CONV_FORWARD) c.features |= FDNN_FEATURE_PACK_WEIGHTS;
+  if (op == FDNN_CONV_BACKWARD_WEIGHT) c.features |= FDNN_FEATURE_BIAS_GRADIENT;  // bias_grad()
+  return c;
+}
+
+FDNN_Error* conv_capabilities(FDNN_Conv_Capabilities_Args* args) {
+  return fdnn_shim::conv_capabilities(args, [](int32_t device_id, int32_t op, FDNN_DLDataType dtype) {
+    check_device_id(device_id);
+    return capabilities(op, dtype);
   });
 }
 
@@ -1305,8 +1324,8 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
 FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE, "Conv_Plan_Execute");
-    if (args->plan == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "plan is NULL");
-    const Plan& plan = *reinterpret_cast<const Plan*>(args->plan);
+    const Plan& plan = fdnn_shim::plan_of<Plan>(args->plan, "Conv_Plan_Execute");
+    fdnn_shim::check_execute_alignment(*args, storage_size(plan.dt));
     if (args->workspace_size < plan.workspace || (plan.workspace > 0 && args->workspace == nullptr))
       fail(FDNN_ERROR_INVALID_ARGUMENT, "workspace of %zu bytes is smaller than the %zu needed",
            args->workspace_size, plan.workspace);
@@ -1324,11 +1343,12 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE,
                                  "Conv_Plan_Pack_Weights");
-    if (args->plan == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "plan is NULL");
-    if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "w is NULL");
-    const Plan& source = *reinterpret_cast<const Plan*>(args->plan);
+    const Plan& source = fdnn_shim::plan_of<Plan>(args->plan, "Conv_Plan_Pack_Weights");
     if (source.op != FDNN_CONV_FORWARD)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "only a forward plan packs its weights");
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Pack_Weights: the plan is %s; only a forward "
+           "plan packs its weights", fdnn_shim::op_name(source.op));
+    if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Pack_Weights: w is NULL");
+    fdnn_shim::check_aligned(args->w, storage_size(source.dt), "Conv_Plan_Pack_Weights", "w");
     auto packed = std::make_unique<Plan>(source);
     pack_into(*packed, args->w);
     packed->name += " [packed weights]";
@@ -1345,15 +1365,16 @@ const FDNN_Api kApi = {
     FDNN_Api_STRUCT_SIZE,
     FDNN_ABI_MAJOR,
     FDNN_ABI_MINOR,
+    nullptr,  // extension_start
     fdnn_shim::error_destroy,
     fdnn_shim::error_describe,
     shim_info,
     device_describe,
+    conv_capabilities,
     plan_create,
     plan_execute,
     plan_destroy,
     plan_pack_weights,
-    dtype_support,
 };
 
 }  // namespace

@@ -1,5 +1,11 @@
 // Helpers every shim shares: the FDNN_Error object, exception-to-error translation at the
-// ABI boundary, struct_size checks and descriptor reading. No vendor code lives here.
+// ABI boundary, struct_size checks, the header's rules for a convolution (one check for every
+// shim) and the capabilities answer with the check that a problem lies within it. No vendor
+// code lives here.
+//
+// Extensions: ABI 2.0 defines no extension type, so every extension a caller chains to
+// extension_start is one a 2.0 shim does not know, and the header says to skip those: no
+// shim reads extension_start.
 #pragma once
 
 #include <cstdarg>
@@ -14,7 +20,7 @@
 #include "flux_dnn/flux_dnn.h"
 
 struct FDNN_Error {
-  FDNN_ErrorCode code;
+  int32_t code;  // FDNN_ERROR_*
   std::string message;
 };
 
@@ -23,17 +29,17 @@ namespace fdnn_shim {
 // Thrown inside a shim; turned into an FDNN_Error at the ABI boundary by `guarded`.
 class Failure : public std::runtime_error {
  public:
-  Failure(FDNN_ErrorCode code, std::string message)
+  Failure(int32_t code, std::string message)
       : std::runtime_error(std::move(message)), code_(code) {}
-  FDNN_ErrorCode code() const { return code_; }
+  int32_t code() const { return code_; }
 
  private:
-  FDNN_ErrorCode code_;
+  int32_t code_;  // FDNN_ERROR_*
 };
 
-[[noreturn]] inline void fail(FDNN_ErrorCode code, const char* fmt, ...)
+[[noreturn]] inline void fail(int32_t code, const char* fmt, ...)
     __attribute__((format(printf, 2, 3)));
-[[noreturn]] inline void fail(FDNN_ErrorCode code, const char* fmt, ...) {
+[[noreturn]] inline void fail(int32_t code, const char* fmt, ...) {
   char buf[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -42,7 +48,7 @@ class Failure : public std::runtime_error {
   throw Failure(code, buf);
 }
 
-inline FDNN_Error* make_error(FDNN_ErrorCode code, std::string message) noexcept {
+inline FDNN_Error* make_error(int32_t code, std::string message) noexcept {
   try {
     return new FDNN_Error{code, std::move(message)};
   } catch (...) {
@@ -91,18 +97,84 @@ inline void error_describe(FDNN_Error_Describe_Args* args) {
 
 inline bool has_tensor(const FDNN_DLTensor* t) { return t != nullptr && t->ndim > 0; }
 
+// Bytes of one element of `t` (at least 1).
+inline size_t element_bytes(FDNN_DLDataType t) { return t.bits >= 8 ? t.bits / 8u : 1u; }
+
 // "op=forward x=[16,3,224,224]/s[...] ..." for vendor error messages: the conv parameters.
 std::string describe_problem(const FDNN_Conv_Plan_Create_Args& a);
 
-const char* op_name(FDNN_ConvOp op);
+const char* op_name(int32_t op);          // "forward", ...; "unknown" outside FDNN_CONV_*
+const char* activation_name(int32_t act);  // "relu", ...; "unknown" outside FDNN_ACTIVATION_*
+const char* dtype_name(FDNN_DLDataType t);
 
-// The rules of the header that every shim checks alike, before any vendor call: a known op,
-// activation and algorithm policy; x, w, y (and bias) present with shapes, strides and
-// non-empty dims, on `device_type`, of one dtype; channels that fit the groups; output sizes
-// that follow from stride, dilation and padding; bias (K,) and only where the op takes one.
-// Fails with FDNN_ERROR_INVALID_ARGUMENT naming the rule and the problem. What a vendor
-// computes (dtypes, accumulation types, its algorithm ids) each shim checks after this.
+// The rules of the header that every shim checks alike, cheaply and before any vendor call
+// (FDNN_ERROR_INVALID_ARGUMENT with a message naming the field and its value): op,
+// activation and algo_policy inside their enums; spatial_rank 1 to 3; x, w, y and bias
+// descriptors present (bias ndim 0 for none), shape and strides not NULL, non-empty dims,
+// all on one device of `device_type`, of one dtype, data + byte_offset (when data is given)
+// aligned to the element size; stride >= 1, dilation >= 1, padding >= 0 (checked before any
+// division by a stride); channels that fit the groups; output sizes that follow from stride,
+// dilation and padding; bias (K,) and only where the op takes one; an activation on forward
+// only. What a shim computes is checked after this, by check_covered and by the shim.
 void check_conv_problem(const FDNN_Conv_Plan_Create_Args& a, int32_t device_type);
+
+// ------------------------------------------------------------------------------------------
+// Capabilities
+
+// What one shim computes for one device, op and dtype: the answer of Conv_Capabilities and
+// what check_covered holds a problem to, so the two cannot disagree.
+struct Capabilities {
+  int32_t support = FDNN_SUPPORT_NONE;  // FDNN_SUPPORT_*
+  uint32_t spatial_ranks = 0;           // bit (1 << r) per rank r served
+  uint32_t activations = 0;             // bit (1 << a) per FDNN_ACTIVATION_* fused
+  uint32_t features = 0;                // FDNN_FEATURE_* bits
+  const char* detail = "";              // static storage
+};
+
+constexpr uint32_t kRanks1To3 = (1u << 1) | (1u << 2) | (1u << 3);
+constexpr uint32_t kEveryActivation = (1u << FDNN_NUM_ACTIVATIONS) - 1u;
+
+// The activations bits the header asks for: those fused on FORWARD, only NONE elsewhere.
+inline uint32_t activations_of_op(int32_t op, uint32_t fused_on_forward) {
+  return op == FDNN_CONV_FORWARD ? fused_on_forward : 1u << FDNN_ACTIVATION_NONE;
+}
+
+// A dtype this shim does not compute, with why not.
+inline Capabilities not_computed(const char* why) {
+  Capabilities c;
+  c.detail = why;
+  return c;
+}
+
+// Conv_Capabilities for a shim: checks struct_size and op (INVALID_ARGUMENT), asks
+// `answer(device_id, op, dtype)` (which checks the device id) and writes the result; all
+// out fields but detail are 0 when support is NONE.
+template <class Answer>
+FDNN_Error* conv_capabilities(FDNN_Conv_Capabilities_Args* args, Answer&& answer) noexcept;
+
+// FDNN_ERROR_UNSUPPORTED, naming what is missing, when the problem (already through
+// check_conv_problem) asks for something outside `caps`: a dtype not computed, a spatial
+// rank, an activation, groups, dilation, alpha/beta, a bias gradient, or a deterministic
+// result that the shim does not report. `shim` names the shim in the message.
+void check_covered(const FDNN_Conv_Plan_Create_Args& a, const Capabilities& caps,
+                   const char* shim);
+
+// ------------------------------------------------------------------------------------------
+// Execute and pack
+
+// The plan of Conv_Plan_Execute / Conv_Plan_Pack_Weights, INVALID_ARGUMENT when NULL.
+template <class Plan>
+const Plan& plan_of(const FDNN_Plan* plan, const char* function) {
+  if (plan == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "%s: plan is NULL", function);
+  return *reinterpret_cast<const Plan*>(plan);
+}
+
+// INVALID_ARGUMENT, naming `function` and `name`, unless `p` is aligned to the element size
+// (the header's rule for every data pointer; NULL passes: a shim decides which it needs).
+void check_aligned(const void* p, size_t element_size, const char* function, const char* name);
+
+// check_aligned for each of Conv_Plan_Execute's x, w, y and bias.
+void check_execute_alignment(const FDNN_Conv_Plan_Execute_Args& a, size_t element_size);
 
 // Whether this process is a child made by fork() after the shim was loaded.
 bool in_forked_child();
@@ -129,6 +201,24 @@ void on_fork_safe_thread(Body&& body) {
   worker.join();
   if (error) std::rethrow_exception(error);
 }
-const char* dtype_name(FDNN_DLDataType t);
+
+template <class Answer>
+FDNN_Error* conv_capabilities(FDNN_Conv_Capabilities_Args* args, Answer&& answer) noexcept {
+  return guarded([&] {
+    check_struct_size(args, FDNN_Conv_Capabilities_Args_STRUCT_SIZE, "Conv_Capabilities");
+    if (args->op < 0 || args->op >= FDNN_NUM_CONV_OPS)
+      fail(FDNN_ERROR_INVALID_ARGUMENT,
+           "Conv_Capabilities: op %d is not an FDNN_CONV_* value (0 forward, 1 backward_data, "
+           "2 backward_weight)",
+           static_cast<int>(args->op));
+    const Capabilities c = answer(args->device_id, args->op, args->dtype);
+    const bool none = c.support == FDNN_SUPPORT_NONE;
+    args->support = c.support;
+    args->spatial_ranks = none ? 0 : c.spatial_ranks;
+    args->activations = none ? 0 : c.activations;
+    args->features = none ? 0 : c.features;
+    args->detail = c.detail;
+  });
+}
 
 }  // namespace fdnn_shim

@@ -48,7 +48,7 @@ struct OpAttributes {
   cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
 };
 
-OpAttributes op_attributes(FDNN_ConvOp op) {
+OpAttributes op_attributes(int32_t op) {
   switch (op) {
     case FDNN_CONV_FORWARD:
       return {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,

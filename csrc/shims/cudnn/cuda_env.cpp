@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <utility>
 
 #include "shim_common.hpp"
 
@@ -42,11 +43,13 @@ std::string runtime_failure_reason(cudaError_t status) {
          cudaGetErrorString(status);
 }
 
-std::string device_name(int device) {
+// The device's name ("NVIDIA H200 (sm_90)") and compute capability (90); 0 when unknown.
+std::pair<std::string, int> device_identity(int device) {
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "CUDA device";
-  return std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
-         std::to_string(prop.minor) + ")";
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return {"CUDA device", 0};
+  return {std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
+              std::to_string(prop.minor) + ")",
+          prop.major * 10 + prop.minor};
 }
 
 CudaDevices probe() {
@@ -66,7 +69,11 @@ CudaDevices probe() {
     return d;
   }
   d.count = count;
-  for (int i = 0; i < count; ++i) d.names.push_back(device_name(i));
+  for (int i = 0; i < count; ++i) {
+    auto [name, cc] = device_identity(i);
+    d.names.push_back(name);
+    d.compute_capability.push_back(cc);
+  }
   return d;
 }
 
@@ -81,7 +88,7 @@ const CudaDevices& cuda_devices() {
 
 void check_cuda(cudaError_t status, const char* call) {
   if (status == cudaSuccess) return;
-  FDNN_ErrorCode code =
+  int32_t code =
       status == cudaErrorMemoryAllocation ? FDNN_ERROR_OUT_OF_MEMORY : FDNN_ERROR_VENDOR;
   fdnn_shim::fail(code, "CUDA %s failed: %s: %s", call, cudaGetErrorName(status),
                   cudaGetErrorString(status));

@@ -16,6 +16,7 @@ struct CudaDevices {
   int count = 0;
   std::string why_not;             // empty when count > 0
   std::vector<std::string> names;  // "NVIDIA H200 (sm_90)", one per device
+  std::vector<int> compute_capability;  // 90 for sm_90, one per device
 };
 
 // Probed once (thread-safe): driver present, runtime usable, devices and their names.

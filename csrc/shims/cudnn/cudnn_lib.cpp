@@ -119,7 +119,7 @@ std::string cudnn_status_text(cudnnStatus_t status) {
 }
 
 void fail_cudnn(cudnnStatus_t status, const char* call) {
-  FDNN_ErrorCode code = FDNN_ERROR_VENDOR;
+  int32_t code = FDNN_ERROR_VENDOR;
   if (status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED ||
       status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED)
     code = FDNN_ERROR_OUT_OF_MEMORY;

@@ -123,7 +123,7 @@ EpilogueParams epilogue_params(const ConvProblem& p) {
   e.bias_stride = p.bias_stride;
   e.alpha = p.alpha;
   e.beta = p.beta;
-  e.activation = static_cast<int>(p.activation);
+  e.activation = p.activation;
   e.activation_alpha = p.activation_alpha;
   e.activation_beta = p.activation_beta;
   return e;
@@ -223,13 +223,18 @@ void lay_out_workspace(FDNN_Plan* plan) {
   }
 }
 
+fdnn_shim::Capabilities capabilities(int device, int32_t op, FDNN_DLDataType dtype);
+
 void create_plan(FDNN_Conv_Plan_Create_Args* args) {
   fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE,
                                "Conv_Plan_Create");
   require_usable();  // "no driver" before any complaint about the arguments
+  const FDNN_Conv_Plan_Create_Args& a = *args;
+  fdnn_shim::check_conv_problem(a, FDNN_DEVICE_CUDA);  // before anything divides by a stride
+  require_device(a.x->device.device_id);
+  fdnn_shim::check_covered(a, capabilities(a.x->device.device_id, a.op, a.x->dtype), "cudnn");
   auto plan = std::make_unique<FDNN_Plan>();
-  plan->problem = read_problem(*args);
-  require_device(plan->problem.device);
+  plan->problem = read_problem(a);
   with_problem(plan->problem.description, [&] { choose_engine(plan.get(), *args); });
   lay_out_workspace(plan.get());
   plan->epilogue = epilogue_params(plan->problem);
@@ -309,8 +314,8 @@ const Desc& execution_plan(const FDNN_Plan& plan, cudnnHandle_t handle) {
 void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
   fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE,
                                "Conv_Plan_Execute");
-  if (args->plan == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: plan is NULL");
-  const FDNN_Plan& plan = *args->plan;
+  const FDNN_Plan& plan = fdnn_shim::plan_of<FDNN_Plan>(args->plan, "Conv_Plan_Execute");
+  fdnn_shim::check_execute_alignment(*args, plan.problem.element_size);
   with_problem(plan.problem.description, [&] {
     check_execute_args(*args);
     DeviceGuard guard(plan.problem.device);
@@ -343,8 +348,10 @@ FDNN_Error* Shim_Info(FDNN_Shim_Info_Args* args) {
     args->vendor_name = "cuDNN";
     args->vendor_version_built = kBuiltVersion;
     args->vendor_version_runtime = s.runtime_version.c_str();
+    args->shim_version = FLUX_DNN_VERSION_STRING;
     args->device_type = FDNN_DEVICE_CUDA;
     args->num_devices = s.num_devices;
+    args->priority = FDNN_PRIORITY_VENDOR;
     args->unavailable_reason = s.why_not.empty() ? nullptr : s.why_not.c_str();
   });
 }
@@ -354,26 +361,48 @@ FDNN_Error* Device_Describe(FDNN_Device_Describe_Args* args) {
     fdnn_shim::check_struct_size(args, FDNN_Device_Describe_Args_STRUCT_SIZE,
                                  "Device_Describe");
     require_device(args->device_id);
+    // TF32 for float32 unless the caller says otherwise: PyTorch's default for convolutions
+    // (torch.backends.cudnn.allow_tf32 is True).
+    args->default_flags = FDNN_CONV_ALLOW_REDUCED_PRECISION;
     args->name = cuda_devices().names[static_cast<size_t>(args->device_id)].c_str();
   });
 }
 
-// cuDNN's graph API has convolution kernels of every floating dtype of the ABI (bfloat16
-// engines exist from compute capability 8.0; on older GPUs plan creation reports
-// that no engine supports the graph).
-FDNN_Error* Conv_Dtype_Support(FDNN_Conv_Dtype_Support_Args* args) {
-  return fdnn_shim::guarded([&] {
-    fdnn_shim::check_struct_size(args, FDNN_Conv_Dtype_Support_Args_STRUCT_SIZE,
-                                 "Conv_Dtype_Support");
-    require_device(args->device_id);
-    const FDNN_DLDataType t = args->dtype;
-    const bool is_float = t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT &&
-                          (t.bits == 16 || t.bits == 32 || t.bits == 64);
-    const bool is_bf16 = t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16;
-    args->support = is_float || is_bf16 ? FDNN_DTYPE_SUPPORT_NATIVE : FDNN_DTYPE_SUPPORT_NONE;
-    args->detail = is_bf16    ? "cuDNN kernels (bfloat16 needs compute capability 8.0 or newer)"
-                   : is_float ? "cuDNN kernels"
-                              : "cuDNN convolutions take float16, bfloat16, float32 and float64";
+// cuDNN's graph API has convolution kernels of every floating dtype of the ABI; bfloat16
+// engines exist from compute capability 8.0 (Ampere) on, and so does TF32, the reduced
+// precision of float32. 16-bit inputs may use engines that accumulate in 16 bits
+// (reduced-precision reduction) when the caller allows. Every rank (1-D as a unit height),
+// activation (fused in cuDNN's graph or in our epilogue kernel) and feature below is served
+// on every device; packing is not (cuDNN reads w as it is: Conv_Plan_Pack_Weights is NULL).
+fdnn_shim::Capabilities capabilities(int device, int32_t op, FDNN_DLDataType t) {
+  const int cc = cuda_devices().compute_capability[static_cast<size_t>(device)];
+  const bool ampere = cc >= 80;
+  const bool f16 = t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 16;
+  const bool f32 = t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 32;
+  const bool f64 = t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 64;
+  const bool bf16 = t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16;
+  if (bf16 && !ampere)
+    return fdnn_shim::not_computed(
+        "cuDNN has bfloat16 convolutions from compute capability 8.0 on; this GPU is older");
+  if (!(f16 || f32 || f64 || bf16))
+    return fdnn_shim::not_computed("cuDNN convolutions take float16, bfloat16, float32 and float64");
+  fdnn_shim::Capabilities c;
+  c.support = FDNN_SUPPORT_NATIVE;
+  c.detail = "cuDNN kernels";
+  c.spatial_ranks = fdnn_shim::kRanks1To3;
+  c.activations = fdnn_shim::activations_of_op(op, fdnn_shim::kEveryActivation);
+  c.features = FDNN_FEATURE_GROUPS | FDNN_FEATURE_DILATION | FDNN_FEATURE_ALPHA_BETA |
+               FDNN_FEATURE_ASYMMETRIC_PADDING | FDNN_FEATURE_DETERMINISTIC |
+               FDNN_FEATURE_BENCHMARK;
+  if (op == FDNN_CONV_BACKWARD_WEIGHT) c.features |= FDNN_FEATURE_BIAS_GRADIENT;  // our kernel
+  if (f16 || bf16 || (f32 && ampere)) c.features |= FDNN_FEATURE_REDUCED_PRECISION;
+  return c;
+}
+
+FDNN_Error* Conv_Capabilities(FDNN_Conv_Capabilities_Args* args) {
+  return fdnn_shim::conv_capabilities(args, [](int32_t device_id, int32_t op, FDNN_DLDataType t) {
+    require_device(device_id);
+    return capabilities(device_id, op, t);
   });
 }
 
@@ -401,14 +430,21 @@ void Plan_Destroy(FDNN_Plan_Destroy_Args* args) {
 }
 
 const FDNN_Api kApi = {
-    FDNN_Api_STRUCT_SIZE, FDNN_ABI_MAJOR,     FDNN_ABI_MINOR,   Error_Destroy,
-    Error_Describe,       Shim_Info,          Device_Describe,  Conv_Plan_Create,
-    Conv_Plan_Execute,    Plan_Destroy,
-    // 1.1: cuDNN reads w as it is (a copy in x's memory order only when it differs), so
-    // there is nothing to pack once; the core then executes plans as they are.
+    FDNN_Api_STRUCT_SIZE,
+    FDNN_ABI_MAJOR,
+    FDNN_ABI_MINOR,
+    nullptr,  // extension_start
+    Error_Destroy,
+    Error_Describe,
+    Shim_Info,
+    Device_Describe,
+    Conv_Capabilities,
+    Conv_Plan_Create,
+    Conv_Plan_Execute,
+    Plan_Destroy,
+    // cuDNN reads w as it is (a copy in x's memory order only when it differs), so there is
+    // nothing to pack once; callers execute plans as they are.
     nullptr,
-    // 1.2
-    Conv_Dtype_Support,
 };
 
 }  // namespace

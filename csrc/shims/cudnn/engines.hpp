@@ -14,7 +14,7 @@
 namespace fdnn_cudnn {
 
 struct EngineRequest {
-  FDNN_AlgoPolicy policy = FDNN_ALGO_HEURISTIC;
+  int32_t policy = FDNN_ALGO_HEURISTIC;  // FDNN_ALGO_*
   int64_t given_id = 0;
   size_t workspace_budget = SIZE_MAX;  // bytes cuDNN may use
   cudaStream_t stream = nullptr;       // benchmark timing stream

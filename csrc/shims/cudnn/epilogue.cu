@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include "epilogue.hpp"
+#include "flux_dnn/flux_dnn.h"
 
 namespace fdnn_cudnn {
 namespace {
@@ -23,23 +24,23 @@ template <> __device__ inline __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
 template <> __device__ inline float from_acc<float>(float v) { return v; }
 template <> __device__ inline double from_acc<double>(double v) { return v; }
 
-// The FDNN_Activation codes (flux_dnn.h), in the accumulation type.
+// The FDNN_ACTIVATION_* values of flux_dnn.h, in the accumulation type.
 template <class A>
-__device__ A activate(A v, int kind, A a, A b) {
+__device__ A activate(A v, int32_t kind, A a, A b) {
   const A half = A(0.5), one = A(1);
   switch (kind) {
-    case 1: return v > A(0) ? v : A(0);                      // relu
-    case 2: return v >= A(0) ? v : a * v;                    // leaky relu
-    case 3: return v < a ? a : (v > b ? b : v);              // clip
-    case 4: return one / (one + exp(-v));                    // sigmoid
-    case 5: return tanh(v);                                  // tanh
-    case 6: {                                                // gelu, tanh approximation
-      const A k = A(0.7978845608028654);                     // sqrt(2 / pi)
+    case FDNN_ACTIVATION_RELU: return v > A(0) ? v : A(0);
+    case FDNN_ACTIVATION_LEAKY_RELU: return v >= A(0) ? v : a * v;
+    case FDNN_ACTIVATION_CLIP: return v < a ? a : (v > b ? b : v);
+    case FDNN_ACTIVATION_SIGMOID: return one / (one + exp(-v));
+    case FDNN_ACTIVATION_TANH: return tanh(v);
+    case FDNN_ACTIVATION_GELU_TANH: {
+      const A k = A(0.7978845608028654);  // sqrt(2 / pi)
       return half * v * (one + tanh(k * (v + A(0.044715) * v * v * v)));
     }
-    case 7: return half * v * (one + erf(v * A(0.7071067811865476)));  // gelu, erf
-    case 8: return v / (one + exp(-v));                      // silu
-    default: return v;
+    case FDNN_ACTIVATION_GELU_ERF: return half * v * (one + erf(v * A(0.7071067811865476)));
+    case FDNN_ACTIVATION_SILU: return v / (one + exp(-v));
+    default: return v;  // FDNN_ACTIVATION_NONE
   }
 }
 

@@ -28,7 +28,7 @@ struct EpilogueParams {
   int64_t bias_stride = 1;
   double alpha = 1.0;
   double beta = 0.0;
-  int activation = 0;  // FDNN_Activation
+  int32_t activation = 0;  // FDNN_ACTIVATION_*
   float activation_alpha = 0.f;
   float activation_beta = 0.f;
 };

@@ -1,6 +1,7 @@
-// One convolution as the shim sees it: the ABI's arguments checked and translated into
-// cuDNN's terms (data types, at least 2 spatial dims, positive strides), plus what the
-// epilogue (bias, activation, beta) and the bias gradient need. Built once per plan.
+// One convolution as the shim sees it: the ABI's arguments, checked by the rules every shim
+// shares (shim_common), translated into cuDNN's terms (data types, at least 2 spatial dims,
+// positive strides), plus what the epilogue (bias, activation, beta) and the bias gradient
+// need. Built once per plan.
 #pragma once
 
 #include <string>
@@ -25,7 +26,7 @@ struct LogicalTensor {
 };
 
 struct ConvProblem {
-  FDNN_ConvOp op = FDNN_CONV_FORWARD;
+  int32_t op = FDNN_CONV_FORWARD;  // FDNN_CONV_*
   int device = 0;
   FDNN_DLDataType abi_dtype{};
   cudnnDataType_t dtype = CUDNN_DATA_FLOAT;
@@ -38,7 +39,7 @@ struct ConvProblem {
   int64_t bias_stride = 1;  // elements between consecutive bias values
   double alpha = 1.0;
   double beta = 0.0;
-  FDNN_Activation activation = FDNN_ACTIVATION_NONE;
+  int32_t activation = FDNN_ACTIVATION_NONE;  // FDNN_ACTIVATION_*
   float activation_alpha = 0.f;
   float activation_beta = 0.f;
   uint32_t flags = 0;
@@ -59,8 +60,9 @@ struct ConvProblem {
   bool needs_conv_scratch() const { return has_epilogue() && beta != 0.0; }
 };
 
-// Checks the arguments (throws Failure(INVALID_ARGUMENT / UNSUPPORTED) with a clear
-// message) and translates them.
+// Translates arguments that passed fdnn_shim::check_conv_problem and check_covered into
+// cuDNN's terms; throws Failure(UNSUPPORTED) for what cuDNN itself cannot take (an
+// accumulation type it does not offer, a non-positive stride in a dim of size > 1).
 ConvProblem read_problem(const FDNN_Conv_Plan_Create_Args& args);
 
 }  // namespace fdnn_cudnn

@@ -94,7 +94,7 @@ bool is_16bit(memory::data_type dt) {
 // Turns a dnnl::error into an FDNN failure with oneDNN's status and the conv parameters.
 [[noreturn]] void fail_vendor(const dnnl::error& e, const FDNN_Conv_Plan_Create_Args& a,
                               const char* during) {
-  FDNN_ErrorCode code = FDNN_ERROR_VENDOR;
+  int32_t code = FDNN_ERROR_VENDOR;
   std::string hint;
   if (e.status == dnnl_unimplemented) {
     code = FDNN_ERROR_UNSUPPORTED;
@@ -115,14 +115,13 @@ bool is_16bit(memory::data_type dt) {
 // ------------------------------------------------------------------------------------------
 // Problem checks (what the ABI promises callers we verify; a bad problem never reaches oneDNN)
 
-// The shared rules (fdnn_shim::check_conv_problem), then what oneDNN computes.
+fdnn_shim::Capabilities capabilities(int32_t op, FDNN_DLDataType dtype);
+
+// The shared rules (fdnn_shim::check_conv_problem), what this shim reports it computes
+// (fdnn_shim::check_covered), then what only oneDNN asks.
 void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
   fdnn_shim::check_conv_problem(a, FDNN_DEVICE_CPU);
-  if (to_dnnl(a.x->dtype) == memory::data_type::undef)
-    fail(FDNN_ERROR_UNSUPPORTED,
-         "oneDNN convolution supports float32, bfloat16 and float16, not %s (float64 has no "
-         "oneDNN convolution)",
-         fdnn_shim::dtype_name(a.x->dtype));
+  fdnn_shim::check_covered(a, capabilities(a.op, a.x->dtype), "the oneDNN shim");
   if (a.compute_type.bits != 0 &&
       !(a.compute_type.code == FDNN_DTYPE_FLOAT && a.compute_type.bits == 32))
     fail(FDNN_ERROR_UNSUPPORTED, "oneDNN accumulates in float32 only");
@@ -209,6 +208,8 @@ uint64_t next_plan_id() {
 
 struct Plan {
   uint64_t id = next_plan_id();  // never reused: keys the per-thread bound arguments
+  int32_t op = FDNN_CONV_FORWARD;
+  size_t element_size = 4;       // of the caller's dtype: execute checks pointer alignment
   int threads = 0;               // OpenMP team size for creation and execution; 0: all
   dnnl::primitive conv;
   std::vector<Operand> operands;
@@ -256,7 +257,7 @@ Problem describe(const FDNN_Conv_Plan_Create_Args& a, bool convert) {
   return p;
 }
 
-dnnl::algorithm eltwise_of(FDNN_Activation act) {
+dnnl::algorithm eltwise_of(int32_t act) {
   switch (act) {
     case FDNN_ACTIVATION_RELU:
     case FDNN_ACTIVATION_LEAKY_RELU: return dnnl::algorithm::eltwise_relu;
@@ -583,7 +584,7 @@ Plan heuristic_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t base) {
 // Whether oneDNN has a real (JIT or gemm) kernel, not only its reference implementation, for
 // one op in dtype dt on this CPU (as capped by ONEDNN_MAX_CPU_ISA), probed on a typical
 // problem in oneDNN's preferred layouts.
-bool probe_native(memory::data_type dt, FDNN_ConvOp op) {
+bool probe_native(memory::data_type dt, int32_t op) {
   const memory::dims x{2, 32, 12, 12}, w{32, 32, 3, 3}, y{2, 32, 12, 12}, one{1, 1}, zero{0, 0};
   auto md = [&](const memory::dims& d) { return memory::desc(d, dt, memory::format_tag::any); };
   auto real = [](const std::string& impl) { return impl.find("ref") == std::string::npos; };
@@ -766,6 +767,12 @@ void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
 // ------------------------------------------------------------------------------------------
 // The ABI table
 
+void check_device_id(int32_t device_id) {
+  if (device_id != 0)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "device_id %d: the oneDNN shim has one device (0)",
+         static_cast<int>(device_id));
+}
+
 FDNN_Error* shim_info(FDNN_Shim_Info_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Shim_Info_Args_STRUCT_SIZE, "Shim_Info");
@@ -776,8 +783,10 @@ FDNN_Error* shim_info(FDNN_Shim_Info_Args* args) {
     args->vendor_name = "oneDNN";
     args->vendor_version_built = built.c_str();
     args->vendor_version_runtime = runtime_version().c_str();
+    args->shim_version = FLUX_DNN_VERSION_STRING;
     args->device_type = FDNN_DEVICE_CPU;
     args->num_devices = 1;
+    args->priority = FDNN_PRIORITY_VENDOR;
     args->unavailable_reason = nullptr;
   });
 }
@@ -785,9 +794,8 @@ FDNN_Error* shim_info(FDNN_Shim_Info_Args* args) {
 FDNN_Error* device_describe(FDNN_Device_Describe_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Device_Describe_Args_STRUCT_SIZE, "Device_Describe");
-    if (args->device_id != 0)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "the oneDNN shim has one device (0), not %d",
-           args->device_id);
+    check_device_id(args->device_id);
+    args->default_flags = 0;  // float32 stays float32 unless the caller allows bf16 math
     args->name = device_name().c_str();
   });
 }
@@ -846,6 +854,8 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
       }
     }
     plan.threads = threads;
+    plan.op = a.op;
+    plan.element_size = fdnn_shim::element_bytes(a.x->dtype);
     auto* owned = new Plan(std::move(plan));
     args->plan = reinterpret_cast<FDNN_Plan*>(owned);
     args->workspace_size = owned->workspace_size;
@@ -884,7 +894,8 @@ double time_plan(const Plan& plan, const FDNN_Conv_Plan_Create_Args& a) {
 FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE, "Conv_Plan_Execute");
-    const Plan& plan = *reinterpret_cast<const Plan*>(args->plan);
+    const Plan& plan = fdnn_shim::plan_of<Plan>(args->plan, "Conv_Plan_Execute");
+    fdnn_shim::check_execute_alignment(*args, plan.element_size);
     if (args->workspace_size < plan.workspace_size ||
         (plan.workspace_size > 0 && args->workspace == nullptr))
       fail(FDNN_ERROR_INVALID_ARGUMENT, "workspace of %zu bytes is smaller than the %zu needed",
@@ -907,8 +918,12 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE,
                                  "Conv_Plan_Pack_Weights");
-    const Plan& source = *reinterpret_cast<const Plan*>(args->plan);
-    if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "w is NULL");
+    const Plan& source = fdnn_shim::plan_of<Plan>(args->plan, "Conv_Plan_Pack_Weights");
+    if (source.op != FDNN_CONV_FORWARD)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Pack_Weights: the plan is %s; only a forward "
+           "plan packs its weights", fdnn_shim::op_name(source.op));
+    if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Pack_Weights: w is NULL");
+    fdnn_shim::check_aligned(args->w, source.element_size, "Conv_Plan_Pack_Weights", "w");
     auto packed = std::make_unique<Plan>(source);
     packed->id = next_plan_id();
     for (Operand& o : packed->operands) {
@@ -941,42 +956,77 @@ void plan_destroy(FDNN_Plan_Destroy_Args* args) {
   if (args != nullptr) delete reinterpret_cast<Plan*>(args->plan);
 }
 
-// float32 natively; float16 and bfloat16 natively where oneDNN has kernels for every op on
-// this CPU, else converted (some or all ops computed in float32); no float64 convolution.
-const std::string& dtype_detail(memory::data_type dt) {
-  static std::unordered_map<int, std::string> details;
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  std::string& text = details[static_cast<int>(dt)];
-  if (!text.empty() || !is_16bit(dt)) return text;
-  const NativeOps& native = native_ops(dt);
-  const char* isa = isa_name(dnnl::get_effective_cpu_isa());
-  if (native.all()) return text = std::string("oneDNN kernels for instruction set ") + isa;
-  std::string ops;
-  for (FDNN_ConvOp op : {FDNN_CONV_FORWARD, FDNN_CONV_BACKWARD_DATA, FDNN_CONV_BACKWARD_WEIGHT})
-    if (!native.op[op]) ops += std::string(ops.empty() ? "" : ", ") + fdnn_shim::op_name(op);
-  return text = std::string("computed in float32 with one rounding (") + ops +
-                "): oneDNN has no " + (dt == memory::data_type::f16 ? "float16" : "bfloat16") +
-                " kernel for instruction set " + isa;
+// Whether FDNN_CONV_ALLOW_REDUCED_PRECISION changes float32 math here: oneDNN's fpmath mode
+// bf16 computes float32 convolutions in bfloat16 only on CPUs with bfloat16 arithmetic
+// (avx512_core_bf16 and later; the ISA values are bit sets, each containing the ones below).
+bool bf16_math() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16) == bf16;
 }
 
-FDNN_Error* dtype_support(FDNN_Conv_Dtype_Support_Args* args) {
-  return fdnn_shim::guarded([&] {
-    fdnn_shim::check_struct_size(args, FDNN_Conv_Dtype_Support_Args_STRUCT_SIZE,
-                                 "Conv_Dtype_Support");
-    if (args->device_id != 0)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "the oneDNN shim has one device (0), not %d",
-           args->device_id);
-    const memory::data_type dt = to_dnnl(args->dtype);
-    if (dt == memory::data_type::undef) {
-      args->support = FDNN_DTYPE_SUPPORT_NONE;
-      args->detail = args->dtype.code == FDNN_DTYPE_FLOAT && args->dtype.bits == 64
-                         ? "oneDNN has no float64 convolution"
-                         : "oneDNN convolutions take float32, float16 and bfloat16";
-      return;
-    }
-    args->support = native_ops(dt).all() ? FDNN_DTYPE_SUPPORT_NATIVE : FDNN_DTYPE_SUPPORT_CONVERTED;
-    args->detail = dtype_detail(dt).c_str();
+// The capabilities of one dtype oneDNN takes, per op, found once per dtype (the 16-bit
+// probes create a few primitive descriptors). float32 natively; float16 and bfloat16 natively
+// for the ops oneDNN has real kernels of on this CPU, else computed in float32.
+struct DtypeCapabilities {
+  std::string detail[FDNN_NUM_CONV_OPS];
+  fdnn_shim::Capabilities op[FDNN_NUM_CONV_OPS];  // detail: set from `detail` when read
+};
+
+DtypeCapabilities find_capabilities(memory::data_type dt) {
+  DtypeCapabilities d;
+  const char* isa = isa_name(dnnl::get_effective_cpu_isa());
+  const char* name = dt == memory::data_type::f16 ? "float16" : "bfloat16";
+  for (int32_t op = 0; op < FDNN_NUM_CONV_OPS; ++op) {
+    const bool native = native_ops(dt).op[op];
+    if (is_16bit(dt))
+      d.detail[op] = native ? std::string("oneDNN kernels for instruction set ") + isa
+                            : std::string("computed in float32 with one rounding (") +
+                                  fdnn_shim::op_name(op) + "): oneDNN has no " + name +
+                                  " kernel for instruction set " + isa;
+    fdnn_shim::Capabilities& c = d.op[op];
+    c.support = native ? FDNN_SUPPORT_NATIVE : FDNN_SUPPORT_CONVERTED;
+    c.spatial_ranks = fdnn_shim::kRanks1To3;
+    // Every activation is a oneDNN eltwise post-op (forward_post_ops).
+    c.activations = fdnn_shim::activations_of_op(op, fdnn_shim::kEveryActivation);
+    // Groups, dilation and per-side padding are oneDNN's own parameters; alpha/beta are
+    // post-ops or the output reorder's scale and sum; CPU results are deterministic.
+    c.features = FDNN_FEATURE_GROUPS | FDNN_FEATURE_DILATION | FDNN_FEATURE_ALPHA_BETA |
+                 FDNN_FEATURE_ASYMMETRIC_PADDING | FDNN_FEATURE_DETERMINISTIC |
+                 FDNN_FEATURE_BENCHMARK;
+    if (op == FDNN_CONV_FORWARD) c.features |= FDNN_FEATURE_PACK_WEIGHTS;
+    if (op == FDNN_CONV_BACKWARD_WEIGHT) c.features |= FDNN_FEATURE_BIAS_GRADIENT;  // diff_bias
+    if (dt == memory::data_type::f32 && bf16_math())
+      c.features |= FDNN_FEATURE_REDUCED_PRECISION;
+  }
+  return d;
+}
+
+fdnn_shim::Capabilities capabilities(int32_t op, FDNN_DLDataType dtype) {
+  const memory::data_type dt = to_dnnl(dtype);
+  if (dt == memory::data_type::undef)
+    return fdnn_shim::not_computed(dtype.lanes == 1 && dtype.code == FDNN_DTYPE_FLOAT &&
+                                           dtype.bits == 64
+                                       ? "oneDNN has no float64 convolution"
+                                       : "oneDNN convolutions take float32, float16 and bfloat16");
+  static const DtypeCapabilities f32 = find_capabilities(memory::data_type::f32);
+  const DtypeCapabilities* d = &f32;
+  if (dt == memory::data_type::f16) {
+    static const DtypeCapabilities f16 = find_capabilities(dt);
+    d = &f16;
+  } else if (dt == memory::data_type::bf16) {
+    static const DtypeCapabilities bf16 = find_capabilities(dt);
+    d = &bf16;
+  }
+  fdnn_shim::Capabilities c = d->op[op];
+  c.detail = d->detail[op].c_str();
+  return c;
+}
+
+FDNN_Error* conv_capabilities(FDNN_Conv_Capabilities_Args* args) {
+  return fdnn_shim::conv_capabilities(args, [](int32_t device_id, int32_t op, FDNN_DLDataType dtype) {
+    check_device_id(device_id);
+    return capabilities(op, dtype);
   });
 }
 
@@ -984,15 +1034,16 @@ const FDNN_Api kApi = {
     FDNN_Api_STRUCT_SIZE,
     FDNN_ABI_MAJOR,
     FDNN_ABI_MINOR,
+    nullptr,  // extension_start
     fdnn_shim::error_destroy,
     fdnn_shim::error_describe,
     shim_info,
     device_describe,
+    conv_capabilities,
     plan_create,
     plan_execute,
     plan_destroy,
     plan_pack_weights,
-    dtype_support,
 };
 
 }  // namespace
