@@ -178,6 +178,7 @@ class Registry:
                     entries = self._select(entries, [w.strip() for w in wanted.split(",") if w.strip()])
                 self._entries = entries
             return self._entries
+
     @staticmethod
     def _from_entry_points() -> list:
         entries = []
