@@ -333,7 +333,7 @@ def cpu_shims() -> list:
             from flux_dnn._discovery import REGISTRY
 
             entry = next(e for e in REGISTRY.usable_for(1)[0] if e.name == s.name)
-            device = entry.shim.device_name(0)
+            device = entry.device_info(0)["name"]
         except Exception:  # noqa: BLE001 -- private API; the rest still prints
             pass
         out.append(dict(name=s.name, usable=s.usable, vendor=f"{s.vendor} {s.vendor_version_runtime}".strip(),

@@ -1,10 +1,13 @@
 """Bad input: a clear ValueError/TypeError naming the argument, raised before any vendor call,
 and never a partly written output."""
 
+import ctypes
+
 import numpy as np
 import pytest
 
 import flux_dnn
+from flux_dnn import _core
 
 
 @pytest.fixture
@@ -217,3 +220,91 @@ def test_overlapping_output_is_refused(rng):
     out = torch.zeros(1, 4, 4, 4).expand(2, 4, 4, 4)
     with pytest.raises(ValueError, match=r"out: the output has overlapping elements"):
         flux_dnn.conv2d(x, w, out=out)
+
+
+# -- the shim's error codes, as the core raises them -------------------------------------------
+
+
+@pytest.mark.parametrize("code,error", [
+    (_core.ERROR_INVALID_ARGUMENT, ValueError),
+    (_core.ERROR_UNSUPPORTED, flux_dnn.UnsupportedError),
+    (_core.ERROR_UNAVAILABLE, flux_dnn.DeviceUnavailableError),
+    (_core.ERROR_OUT_OF_MEMORY, MemoryError),
+    (_core.ERROR_VENDOR, flux_dnn.VendorError),
+    (_core.ERROR_INTERNAL, RuntimeError),
+    (77, RuntimeError),  # a code this core does not know (a newer shim's)
+])
+def test_shim_error_codes_become_exceptions(tmp_path, code, error):
+    from test_shims import fake_shim
+
+    shim = _core.load_shim(str(fake_shim(tmp_path, "failing")))
+    x, w = np.zeros((1, 2, 4, 4), np.float32), np.ones((2, 2, 1, 1), np.float32)
+    y = np.full((1, 2, 4, 4), 3.0, np.float32)
+    spec = _core.ConvSpec(_core.CONV_FORWARD, 2, [1, 1], [1, 1], [0, 0], [0, 0], 1000 + code)
+    with pytest.raises(error, match=rf"^\[failing\] creating a plan: fake failure code {code}$") as info:
+        _core.run_conv(shim, spec, x, w, y, None, None, None)
+    assert type(info.value) is error
+    assert (y == 3.0).all()
+
+
+# -- DLPack intake: a versioned capsule of an unknown major version ----------------------------
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManagedTensorVersioned(ctypes.Structure):  # DLPack 1.x's layout
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", DELETER), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+def versioned_capsule(major, array, deleted):
+    """A "dltensor_versioned" capsule of DLPack version (major, 1) describing `array`; its
+    deleter appends the managed tensor's address to `deleted`. Returns (capsule, keep-alive)."""
+    shape = (ctypes.c_int64 * array.ndim)(*array.shape)
+    deleter = DELETER(deleted.append)
+    managed = DLManagedTensorVersioned(major, 1, None, deleter, 0, DLTensor(
+        array.ctypes.data, 1, 0, array.ndim, 2, array.itemsize * 8, 1, shape, None, 0))
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.addressof(managed), b"dltensor_versioned", None), (shape, deleter, managed, array)
+
+
+def capsule_name(capsule):
+    get = ctypes.pythonapi.PyCapsule_GetName
+    get.restype, get.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    return get(capsule)
+
+
+def test_dlpack_struct_mirror_matches_the_abi():
+    layout = _core.ABI_LAYOUT["FDNN_DLTensor"]
+    assert ctypes.sizeof(DLTensor) == layout["sizeof"]
+    assert DLTensor.byte_offset.offset == layout["fields"]["byte_offset"][0]
+
+
+def test_versioned_capsule_of_a_known_major_is_read():
+    array = np.zeros((2, 3), np.float32)
+    deleted = []
+    capsule, keep = versioned_capsule(1, array, deleted)
+    described = _core.describe_intake(capsule, "x")
+    assert described["shape"] == (2, 3) and described["strides"] == (3, 1) and described["data"] == array.ctypes.data
+    assert deleted == [ctypes.addressof(keep[2])] and capsule_name(capsule) == b"used_dltensor_versioned"
+
+
+def test_versioned_capsule_of_an_unknown_major_is_refused_and_released():
+    array = np.zeros((2, 3), np.float32)
+    deleted = []
+    capsule, keep = versioned_capsule(2, array, deleted)
+    managed = keep[2]
+    managed.dl_tensor.ndim = -5  # a field a reader of the unknown major must not look at
+    with pytest.raises(BufferError, match=r"^w: the array was exported as DLPack 2\.1, a major version flux_dnn "
+                                          r"cannot read \(it reads DLPack 1\.x\); the tensor was released unread$"):
+        _core.describe_intake(capsule, "w")
+    assert deleted == [ctypes.addressof(managed)]  # its deleter, once
+    assert capsule_name(capsule) == b"used_dltensor_versioned"  # consumed: the capsule will not free it again

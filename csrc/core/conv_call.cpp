@@ -6,15 +6,15 @@
 #include <mutex>
 #include <optional>
 
-#include "autotune.hpp"
 #include "dlpack_intake.hpp"
 #include "errors.hpp"
-#include "plan_cache.hpp"
-#include "shim_library.hpp"
 
 namespace py = pybind11;
 
 namespace fdnn_core {
+
+using fdnn_client::Plan;
+using fdnn_client::plan_cache;
 
 namespace {
 
@@ -27,7 +27,7 @@ struct Roles {
   bool writes_x, writes_w, writes_y, writes_bias;
 };
 
-const Roles& roles_of(FDNN_ConvOp op) {
+const Roles& roles_of(int32_t op) {
   static const Roles forward{"x", "w", "out", "bias", false, false, true, false};
   static const Roles backward_data{"out", "w", "dy", "bias", true, false, false, false};
   static const Roles backward_weight{"x", "out", "dy", "bias_out", false, true, false, true};
@@ -40,29 +40,6 @@ void warn(const std::string& message) {
   if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) throw py::error_already_set();
 }
 
-template <class T>
-void append(std::string& key, const T& value) {
-  key.append(reinterpret_cast<const char*>(&value), sizeof value);
-}
-
-// The alignment of the first element, a power of two up to 16 bytes. It is part of the
-// problem: GPU shims choose kernels that assume it (cuDNN's vectorised loads), so an offset
-// view of the same shape must not reuse a plan made for an aligned array.
-uint8_t data_alignment(const FDNN_DLTensor& t) {
-  uintptr_t address = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
-  uint8_t alignment = 16;
-  while (alignment > 1 && address % alignment != 0) alignment /= 2;
-  return alignment;
-}
-
-void append_tensor(std::string& key, const FDNN_DLTensor& t) {
-  append(key, t.ndim);
-  append(key, t.dtype);
-  key.append(reinterpret_cast<const char*>(t.shape), sizeof(int64_t) * std::max(t.ndim, 0));
-  key.append(reinterpret_cast<const char*>(t.strides), sizeof(int64_t) * std::max(t.ndim, 0));
-  append(key, data_alignment(t));
-}
-
 std::string device_text(const FDNN_DLDevice& d) {
   return "device type " + std::to_string(d.device_type) + " id " + std::to_string(d.device_id);
 }
@@ -72,7 +49,7 @@ void check_memory(const BorrowedTensor* all[4], const char* const names[4], cons
 // Checks what the ABI promises the shim: same device and dtype everywhere, the shim's
 // device type, ranks, and writable outputs. The Python layer has said all this with better
 // words already; this is the last line, so that no caller of the core can break a shim.
-void check_operands(const ShimLibrary& shim, const ConvSpec& spec, const Roles& r,
+void check_operands(const Shim& shim, const ConvSpec& spec, const Roles& r,
                     const BorrowedTensor& x, const BorrowedTensor& w, const BorrowedTensor& y,
                     const BorrowedTensor& bias) {
   const BorrowedTensor* all[] = {&x, &w, &y, &bias};
@@ -86,7 +63,7 @@ void check_operands(const ShimLibrary& shim, const ConvSpec& spec, const Roles& 
   for (int i = 0; i < 4; ++i) {
     if (!all[i]->present()) continue;
     const FDNN_DLTensor& t = all[i]->desc();
-    int want_ndim = i == 3 ? 1 : spec.spatial_rank + 2;
+    int want_ndim = i == 3 ? 1 : spec.params.spatial_rank + 2;
     if (t.ndim != want_ndim)
       throw py::value_error(std::string(names[i]) + ": expected " + std::to_string(want_ndim) +
                             " dimensions, got " + std::to_string(t.ndim));
@@ -138,110 +115,25 @@ void check_memory(const BorrowedTensor* all[4], const char* const names[4], cons
   }
 }
 
-// The plan key, written into this thread's buffer: the per-call path allocates nothing for
-// it once the buffer has grown (the cache copies a key only when it inserts a plan).
-const std::string& plan_key(const ShimLibrary& shim, const ConvSpec& spec,
-                            const BorrowedTensor& x, const BorrowedTensor& w,
-                            const BorrowedTensor& y, const BorrowedTensor& bias) {
+void* stream_pointer(py::handle stream) {
+  return stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
+}
+
+// The cached plan for spec on these tensors, made (without the GIL) on a miss. The key is
+// written into this thread's buffer: a hit allocates nothing once the buffer has grown (the
+// cache copies a key only when it inserts a plan).
+std::shared_ptr<Plan> cached_plan(const Shim& shim, const ConvSpec& spec, const BorrowedTensor& x,
+                                  const BorrowedTensor& w, const BorrowedTensor& y,
+                                  const BorrowedTensor& bias, void* stream) {
   thread_local std::string key;
-  key.clear();
-  append(key, &shim);
-  append(key, x.desc().device.device_id);
-  key += spec.key;
-  append_tensor(key, x.desc());
-  append_tensor(key, w.desc());
-  append_tensor(key, y.desc());
-  if (bias.present()) append_tensor(key, bias.desc());
-  return key;
-}
-
-// The part of the key that names the same problem in another process (no pointers).
-std::string autotune_key(const ShimLibrary& shim, const std::string& plan_key_bytes,
-                         int32_t device_id) {
-  FDNN_Shim_Info_Args info = shim.info();
-  std::string key = shim.name() + '|' + (info.vendor_version_runtime ? info.vendor_version_runtime : "") +
-                    '|' + shim.device_name(device_id) + '|';
-  key.append(plan_key_bytes, sizeof(const ShimLibrary*), std::string::npos);
-  return key;
-}
-
-std::shared_ptr<Plan> create_plan(const ShimLibrary& shim, const ConvSpec& spec,
-                                  const BorrowedTensor& x, const BorrowedTensor& w,
-                                  const BorrowedTensor& y, const BorrowedTensor& bias,
-                                  const std::string& key, py::handle stream) {
-  static const FDNN_DLTensor no_tensor{};
-  FDNN_Conv_Plan_Create_Args a{};
-  a.struct_size = FDNN_Conv_Plan_Create_Args_STRUCT_SIZE;
-  a.op = spec.op;
-  a.spatial_rank = spec.spatial_rank;
-  a.x = &x.desc();
-  a.w = &w.desc();
-  a.y = &y.desc();
-  a.bias = bias.present() ? &bias.desc() : &no_tensor;
-  for (int i = 0; i < FDNN_MAX_SPATIAL_DIMS; ++i) {
-    a.stride[i] = spec.stride[i];
-    a.dilation[i] = spec.dilation[i];
-    a.padding_lo[i] = spec.padding_lo[i];
-    a.padding_hi[i] = spec.padding_hi[i];
-  }
-  a.groups = spec.groups;
-  a.alpha = spec.alpha;
-  a.beta = spec.beta;
-  a.activation = spec.activation;
-  a.activation_alpha = spec.activation_alpha;
-  a.activation_beta = spec.activation_beta;
-  a.flags = spec.flags;
-  a.algo_policy = spec.algo_policy;
-  a.algo_id = spec.algo_id;
-  a.workspace_limit = spec.workspace_limit;
-  a.stream = stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
-
-  std::string tune_key;
-  if (spec.algo_policy == FDNN_ALGO_BENCHMARK) {
-    tune_key = autotune_key(shim, key, x.desc().device.device_id);
-    if (auto known = autotune_store().lookup(tune_key)) {
-      a.algo_policy = FDNN_ALGO_GIVEN;
-      a.algo_id = *known;
-    }
-  }
-  auto create = [&] {
-    py::gil_scoped_release no_gil;
-    return shim.api().Conv_Plan_Create(&a);
-  };
-  FDNN_Error* error = create();
-  if (error != nullptr && !tune_key.empty() && a.algo_policy == FDNN_ALGO_GIVEN) {
-    // A remembered choice this shim no longer accepts (another vendor build, say): search again.
-    shim.discard(error);
-    warn("flux_dnn: an autotune entry no longer fits shim '" + shim.name() +
-         "'; benchmarking this convolution again");
-    a.algo_policy = FDNN_ALGO_BENCHMARK;
-    a.algo_id = spec.algo_id;
-    error = create();
-  }
-  shim.check(error, "creating a plan");
-  auto plan = std::make_shared<Plan>(&shim, a);
-  if (spec.algo_policy == FDNN_ALGO_BENCHMARK && a.algo_policy == FDNN_ALGO_BENCHMARK)
-    autotune_store().record(tune_key, plan->algo_id);
-  return plan;
-}
-
-// A per-thread, grow-only scratch buffer for CPU shims: no call allocates once warm.
-void* cpu_workspace(size_t bytes) {
-  struct Buffer {
-    void* data = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(data); }
-  };
-  thread_local Buffer buffer;
-  if (bytes > buffer.size) {
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void* fresh = std::aligned_alloc(64, rounded);
-    if (fresh == nullptr) throw std::bad_alloc();
-    std::free(buffer.data);
-    buffer.data = fresh;
-    buffer.size = rounded;
-  }
-  return buffer.data;
+  const FDNN_DLTensor* bias_desc = bias.present() ? &bias.desc() : nullptr;
+  fdnn_client::write_plan_key(key, shim, x.desc().device.device_id, spec.key, x.desc(), w.desc(),
+                              y.desc(), bias_desc);
+  if (std::shared_ptr<Plan> plan = plan_cache().find(key)) return plan;
+  FDNN_Conv_Plan_Create_Args args =
+      fdnn_client::plan_create_args(spec.params, x.desc(), w.desc(), y.desc(), bias_desc, stream);
+  py::gil_scoped_release no_gil;  // the vendor plans; evicted plans are destroyed
+  return plan_cache().insert(key, fdnn_client::create_plan(shim, args, key));
 }
 
 // The array library's allocator could not give a plan its workspace.
@@ -255,19 +147,17 @@ struct WorkspaceRefused {
 void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle stream,
              py::handle workspace_alloc) {
   FDNN_Conv_Plan_Execute_Args e{};
-  e.struct_size = FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE;
-  e.plan = plan.handle;
   e.x = x;
   e.w = w;
   e.y = y;
   e.bias = bias;
   e.workspace_size = plan.workspace_size;
-  e.stream = stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
+  e.stream = stream_pointer(stream);
   py::object workspace_array;  // keeps a GPU workspace alive until the work is enqueued
   std::optional<BorrowedTensor> workspace;
   if (plan.workspace_size > 0) {
     if (workspace_alloc.is_none()) {
-      e.workspace = cpu_workspace(plan.workspace_size);
+      e.workspace = fdnn_client::host_workspace(plan.workspace_size);
     } else {
       try {
         workspace_array = workspace_alloc(plan.workspace_size);
@@ -278,63 +168,38 @@ void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle
       e.workspace = workspace->first_element();
     }
   }
-  FDNN_Error* error;
-  {
-    py::gil_scoped_release no_gil;
-    error = plan.shim->api().Conv_Plan_Execute(&e);
-  }
-  plan.shim->check(error, "executing " + plan.algo_name);
+  py::gil_scoped_release no_gil;
+  fdnn_client::execute_plan(plan, e);
 }
 
 }  // namespace
 
 void ConvSpec::finish() {
   key.clear();
-  append(key, op);
-  append(key, spatial_rank);
-  append(key, stride);
-  append(key, dilation);
-  append(key, padding_lo);
-  append(key, padding_hi);
-  append(key, groups);
-  append(key, alpha);
-  append(key, beta);
-  append(key, activation);
-  append(key, activation_alpha);
-  append(key, activation_beta);
-  append(key, flags);
-  append(key, algo_policy);
-  append(key, algo_id);
-  append(key, workspace_limit);
+  fdnn_client::append_params(key, params);
 }
 
-ConvResult run_conv(const ShimLibrary& shim, const ConvSpec& spec, py::handle x_array,
-                    py::handle w_array, py::handle y_array, py::handle bias_array,
-                    py::handle stream, py::handle workspace_alloc) {
-  const Roles& r = roles_of(spec.op);
+void run_conv(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::handle w_array,
+              py::handle y_array, py::handle bias_array, py::handle stream,
+              py::handle workspace_alloc) {
+  const Roles& r = roles_of(spec.params.op);
   BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
   BorrowedTensor bias(bias_array, r.bias, stream);  // None: not present
   check_operands(shim, spec, r, x, w, y, bias);
-
-  auto planned = [&](const ConvSpec& s) {
-    const std::string& key = plan_key(shim, s, x, w, y, bias);
-    std::shared_ptr<Plan> plan = plan_cache().find(key);
-    return plan ? plan : plan_cache().insert(key, create_plan(shim, s, x, w, y, bias, key, stream));
-  };
+  void* stream_ptr = stream_pointer(stream);
   auto run = [&](const Plan& plan) {
     execute(plan, x.first_element(), w.first_element(), y.first_element(),
             bias.present() ? bias.first_element() : nullptr, stream, workspace_alloc);
-    return ConvResult{plan.workspace_size, plan.algo_id, plan.algo_name};
   };
-  std::shared_ptr<Plan> plan = planned(spec);
+  std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream_ptr);
   try {
-    return run(*plan);
+    run(*plan);
   } catch (const WorkspaceRefused& refused) {
     // The allocator (or its cap) refused: use a plan that needs no workspace, and say so once.
     ConvSpec lean = spec;
-    lean.workspace_limit = 0;
+    lean.params.workspace_limit = 0;
     lean.finish();
-    std::shared_ptr<Plan> fallback = planned(lean);
+    std::shared_ptr<Plan> fallback = cached_plan(shim, lean, x, w, y, bias, stream_ptr);
     static std::once_flag warned;
     std::call_once(warned, [&] {
       warn("flux_dnn: the array library refused " + std::to_string(refused.bytes) +
@@ -342,11 +207,25 @@ ConvResult run_conv(const ShimLibrary& shim, const ConvSpec& spec, py::handle x_
            "none, which may be slower. This warning is shown once.");
     });
     try {
-      return run(*fallback);
-    } catch (const WorkspaceRefused& again) {
+      run(*fallback);
+    } catch (const WorkspaceRefused&) {
       throw std::bad_alloc();  // even the leanest plan needs workspace the allocator refuses
     }
   }
+}
+
+py::dict plan_info(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::handle w_array,
+                   py::handle y_array, py::handle bias_array, py::handle stream) {
+  const Roles& r = roles_of(spec.params.op);
+  BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
+  BorrowedTensor bias(bias_array, r.bias, stream);
+  check_operands(shim, spec, r, x, w, y, bias);
+  std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream_pointer(stream));
+  py::dict info;
+  info["workspace_size"] = plan->workspace_size;
+  info["algo_id"] = plan->algo_id;
+  info["algo_name"] = plan->algo_name;
+  return info;
 }
 
 namespace {
@@ -355,8 +234,8 @@ namespace {
 void write_signature(std::string& key, const BorrowedTensor& t) {
   key.clear();
   if (t.present()) {
-    append_tensor(key, t.desc());
-    append(key, t.desc().device);
+    fdnn_client::append_tensor(key, t.desc());
+    key.append(reinterpret_cast<const char*>(&t.desc().device), sizeof(FDNN_DLDevice));
   }
 }
 
@@ -399,8 +278,8 @@ std::string dims_text(const int64_t* v, int n) {
     else if (std::memcmp(shape + ndim, t.desc().strides, sizeof(int64_t) * ndim) != 0)
       what = "strides " + dims_text(t.desc().strides, ndim) + " are not the planned layout " +
              dims_text(shape + ndim, ndim);
-    else if (static_cast<uint8_t>(planned[shape_at + 2 * sizeof(int64_t) * ndim]) != data_alignment(t.desc()))
-      what = "its data is " + std::to_string(data_alignment(t.desc())) + "-byte aligned, the planned " +
+    else if (static_cast<uint8_t>(planned[shape_at + 2 * sizeof(int64_t) * ndim]) != fdnn_client::data_alignment(t.desc()))
+      what = "its data is " + std::to_string(fdnn_client::data_alignment(t.desc())) + "-byte aligned, the planned " +
              std::to_string(static_cast<uint8_t>(planned[shape_at + 2 * sizeof(int64_t) * ndim])) + "-byte";
     else
       what = "device differs from the planned one";
@@ -410,23 +289,22 @@ std::string dims_text(const int64_t* v, int n) {
 
 }  // namespace
 
-PackedConv::PackedConv(const ShimLibrary& shim, const ConvSpec& spec, py::handle x_array,
+PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_array,
                        py::handle w_array, py::handle y_array, py::handle bias_array,
                        py::handle stream) {
-  if (spec.op != FDNN_CONV_FORWARD) throw py::value_error("a packed plan is a forward convolution");
-  const Roles& r = roles_of(spec.op);
+  if (spec.params.op != FDNN_CONV_FORWARD)
+    throw py::value_error("a packed plan is a forward convolution");
+  const Roles& r = roles_of(spec.params.op);
   BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
   BorrowedTensor bias(bias_array, r.bias, stream);
   check_operands(shim, spec, r, x, w, y, bias);
-  const std::string& key = plan_key(shim, spec, x, w, y, bias);
-  std::shared_ptr<Plan> plan = plan_cache().find(key);
-  if (!plan) plan = plan_cache().insert(key, create_plan(shim, spec, x, w, y, bias, key, stream));
+  std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream_pointer(stream));
   x_signature_ = signature(x);
   y_signature_ = signature(y);
   bias_signature_ = signature(bias);
   keep_w_ = py::none();
   FDNN_Conv_Plan_Pack_Weights* pack = shim.pack_weights_fn();
-  if (pack == nullptr) {  // an ABI 1.0 shim: keep the caller's weights and pass them each call
+  if (pack == nullptr) {  // the shim cannot pack: keep the caller's weights, pass them each call
     plan_ = plan;
     keep_w_ = py::reinterpret_borrow<py::object>(w_array);
     return;
@@ -435,24 +313,19 @@ PackedConv::PackedConv(const ShimLibrary& shim, const ConvSpec& spec, py::handle
   a.struct_size = FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE;
   a.plan = plan->handle;
   a.w = w.first_element();
-  a.stream = stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
+  a.stream = stream_pointer(stream);
   FDNN_Error* error;
   {
     py::gil_scoped_release no_gil;
     error = pack(&a);
   }
   shim.check(error, "packing weights");
-  FDNN_Conv_Plan_Create_Args created{};
-  created.plan = a.packed_plan;
-  created.workspace_size = a.workspace_size;
-  created.chosen_algo_id = plan->algo_id;
-  created.algo_name = nullptr;
-  plan_ = std::make_shared<Plan>(&shim, created);
-  plan_->algo_name = plan->algo_name + " [packed weights]";
+  plan_ = std::make_shared<Plan>(shim, a.packed_plan, a.workspace_size, plan->algo_id,
+                                 plan->algo_name + " [packed weights]");
 }
 
-ConvResult PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_array,
-                           py::handle stream, py::handle workspace_alloc) const {
+void PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_array,
+                     py::handle stream, py::handle workspace_alloc) const {
   BorrowedTensor x(x_array, "x", stream), y(y_array, "out", stream), bias(bias_array, "bias", stream);
   if (!fits(x, x_signature_)) mismatch("x", x, x_signature_);
   if (!fits(y, y_signature_)) mismatch("out", y, y_signature_);
@@ -467,9 +340,6 @@ ConvResult PackedConv::run(py::handle x_array, py::handle y_array, py::handle bi
   if (!keep_w_.is_none()) w.emplace(keep_w_, "w", stream);
   execute(*plan_, x.first_element(), w ? w->first_element() : nullptr, y.first_element(),
           bias.present() ? bias.first_element() : nullptr, stream, workspace_alloc);
-  return ConvResult{plan_->workspace_size, plan_->algo_id, plan_->algo_name};
 }
-
-std::string PackedConv::algo_name() const { return plan_->algo_name; }
 
 }  // namespace fdnn_core

@@ -1,5 +1,7 @@
 #include "dlpack_intake.hpp"
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 
@@ -11,22 +13,57 @@ namespace fdnn_core {
 
 namespace {
 
-// DLPack's managed-tensor layouts (dlpack.h, v0.x and v1.x). The tensor part is FDNN_DLTensor,
-// which the ABI header declares layout-compatible with DLTensor.
-struct DLManagedTensor {
+// DLPack's managed tensors (dlpack.h), the one definition the intake reads. The tensor part
+// is FDNN_DLTensor, which the ABI header checks against DLTensor's layout.
+struct DLManagedTensor {  // capsule "dltensor": DLPack before 1.0, and 1.x producers asked so
   FDNN_DLTensor dl_tensor;
   void* manager_ctx;
   void (*deleter)(DLManagedTensor* self);
 };
 
+struct DLPackVersion {
+  uint32_t major;
+  uint32_t minor;
+};
+
+// Capsule "dltensor_versioned" (DLPack >= 1.0). DLPack keeps version, manager_ctx and
+// deleter where they are in every major version, so that a consumer can read the version
+// and release a tensor it does not understand; nothing after them may be read before the
+// major is known.
 struct DLManagedTensorVersioned {
-  uint32_t version_major;
-  uint32_t version_minor;
+  DLPackVersion version;
   void* manager_ctx;
   void (*deleter)(DLManagedTensorVersioned* self);
   uint64_t flags;
   FDNN_DLTensor dl_tensor;
 };
+
+// DLPack's published layout, checked where the header checks DLTensor's (64-bit targets).
+static_assert(sizeof(DLPackVersion) == 8 && offsetof(DLPackVersion, minor) == 4,
+              "DLPackVersion must have DLPack's layout");
+#if UINTPTR_MAX == UINT64_MAX
+static_assert(offsetof(DLManagedTensor, dl_tensor) == 0 &&
+                  offsetof(DLManagedTensor, manager_ctx) == 48 &&
+                  offsetof(DLManagedTensor, deleter) == 56 && sizeof(DLManagedTensor) == 64,
+              "DLManagedTensor must have DLPack's layout");
+static_assert(offsetof(DLManagedTensorVersioned, version) == 0 &&
+                  offsetof(DLManagedTensorVersioned, manager_ctx) == 8 &&
+                  offsetof(DLManagedTensorVersioned, deleter) == 16 &&
+                  offsetof(DLManagedTensorVersioned, flags) == 24 &&
+                  offsetof(DLManagedTensorVersioned, dl_tensor) == 32 &&
+                  sizeof(DLManagedTensorVersioned) == 80,
+              "DLManagedTensorVersioned must have DLPack's layout");
+#endif
+
+// The DLPack major version whose DLManagedTensorVersioned the intake reads; any minor of it
+// is compatible (DLPack's rule).
+constexpr uint32_t kDLPackMajor = 1;
+
+std::string version_refusal(const char* argname, DLPackVersion version) {
+  return std::string(argname) + ": the array was exported as DLPack " + std::to_string(version.major) +
+         "." + std::to_string(version.minor) + ", a major version flux_dnn cannot read (it reads DLPack " +
+         std::to_string(kDLPackMajor) + ".x); the tensor was released unread";
+}
 
 constexpr uint64_t kFlagReadOnly = 1ull << 0;
 constexpr const char* kCapsule = "dltensor";
@@ -148,6 +185,11 @@ BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle
     PyCapsule_SetName(cap, "used_dltensor_versioned");
     managed_ = m;
     deleter_ = reinterpret_cast<void (*)(void*)>(m->deleter);
+    if (m->version.major != kDLPackMajor) {
+      const DLPackVersion version = m->version;  // read before the deleter frees it
+      release();  // the capsule is ours now ("used_..."): its deleter is all we may call
+      throw py::buffer_error(version_refusal(argname, version));
+    }
     read_only_ = (m->flags & kFlagReadOnly) != 0;
     t = &m->dl_tensor;
   } else if (PyCapsule_IsValid(cap, kCapsule)) {

@@ -3,6 +3,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "client/error.hpp"
+
 namespace fdnn_core {
 
 struct ExceptionTypes {
@@ -15,6 +17,8 @@ struct ExceptionTypes {
 // Set once at module init; valid for the life of the interpreter.
 ExceptionTypes& exception_types();
 
-[[noreturn]] void raise(const pybind11::object& type, const std::string& message);
+// The Python exception of each client error kind: ShimLoadError, ValueError,
+// UnsupportedError, DeviceUnavailableError, MemoryError, VendorError, RuntimeError.
+PyObject* exception_type(fdnn_client::ErrorKind kind);
 
 }  // namespace fdnn_core

@@ -1,23 +1,28 @@
-// flux_dnn._core: the one compiled Python extension. Loads shims, owns the plan cache and the
-// autotune store, takes arrays in through DLPack and raises Python errors. Vendor-free.
+// flux_dnn._core: the one compiled Python extension. Binds the client library (shim loading,
+// plan cache, autotune store) to Python, takes arrays in through DLPack and raises Python
+// errors. Vendor-free.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <climits>
-
 #include <cstddef>
+#include <optional>
+#include <vector>
 
-#include "flux_dnn/flux_dnn.h"
-#include "abi_constants.inc"  // generated: add_abi_constants(module)
-#include "autotune.hpp"
+#include "client/autotune.hpp"
+#include "client/error.hpp"
+#include "client/plan.hpp"
+#include "client/shim.hpp"
 #include "conv_call.hpp"
 #include "dlpack_intake.hpp"
 #include "errors.hpp"
-#include "plan_cache.hpp"
-#include "shim_library.hpp"
+#include "fastcall.hpp"
+#include "flux_dnn/flux_dnn.h"
+// Generated from the header, so after it: add_abi_constants(module).
+#include "abi_constants.inc"
 
 namespace py = pybind11;
 using namespace fdnn_core;
+using fdnn_client::ErrorKind;
 
 namespace fdnn_core {
 
@@ -26,9 +31,18 @@ ExceptionTypes& exception_types() {
   return *types;
 }
 
-void raise(const py::object& type, const std::string& message) {
-  PyErr_SetString(type.ptr(), message.c_str());
-  throw py::error_already_set();
+PyObject* exception_type(ErrorKind kind) {
+  const ExceptionTypes& t = exception_types();
+  switch (kind) {
+    case ErrorKind::kShimLoad: return t.shim_load_error.ptr();
+    case ErrorKind::kInvalidArgument: return PyExc_ValueError;
+    case ErrorKind::kUnsupported: return t.unsupported_error.ptr();
+    case ErrorKind::kUnavailable: return t.unavailable_error.ptr();
+    case ErrorKind::kOutOfMemory: return PyExc_MemoryError;
+    case ErrorKind::kVendor: return t.vendor_error.ptr();
+    case ErrorKind::kInternal: break;
+  }
+  return PyExc_RuntimeError;
 }
 
 }  // namespace fdnn_core
@@ -55,22 +69,72 @@ void register_exceptions(py::module_& m) {
                      "A valid request that this vendor or device cannot do (dtype, ISA).");
   t.vendor_error = make_exception(m, "VendorError", PyExc_RuntimeError,
                                   "The vendor library failed; the message has its status.");
+  // Every error of the client library becomes the Python exception of its kind.
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const fdnn_client::Error& e) {
+      PyErr_SetString(exception_type(e.kind()), e.what());
+    }
+  });
 }
 
-py::dict shim_info(const ShimLibrary& shim) {
+// The client's warnings (a stale autotune entry, a corrupt autotune file) as Python
+// RuntimeWarnings. Called with or without the GIL; raises when warnings are errors.
+void warn_in_python(const std::string& message) {
+  py::gil_scoped_acquire gil;
+  if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) throw py::error_already_set();
+}
+
+py::str text(const char* s) { return py::str(s ? s : ""); }
+
+py::dict shim_info(const Shim& shim) {
   FDNN_Shim_Info_Args info = shim.info();
   py::dict d;
-  auto text = [](const char* s) { return s ? py::str(s) : py::str(""); };
   d["name"] = text(info.shim_name);
   d["vendor"] = text(info.vendor_name);
   d["vendor_version_built"] = text(info.vendor_version_built);
   d["vendor_version_runtime"] = text(info.vendor_version_runtime);
+  d["shim_version"] = text(info.shim_version);
   d["device_type"] = info.device_type;
   d["num_devices"] = info.num_devices;
+  d["priority"] = info.priority;
   d["unavailable_reason"] = info.unavailable_reason ? py::object(py::str(info.unavailable_reason))
                                                     : py::object(py::none());
   d["path"] = shim.path();
   d["abi"] = py::make_tuple(shim.api().abi_major, shim.api().abi_minor);
+  return d;
+}
+
+py::dict device_info(const Shim& shim, int32_t device_id) {
+  FDNN_Device_Describe_Args device = shim.describe_device(device_id);
+  py::dict d;
+  d["name"] = text(device.name);
+  d["default_flags"] = device.default_flags;
+  return d;
+}
+
+// The floating dtypes of the ABI by their array-library names.
+FDNN_DLDataType dtype_of_name(const std::string& name) {
+  if (name == "float64") return {FDNN_DTYPE_FLOAT, 64, 1};
+  if (name == "float32") return {FDNN_DTYPE_FLOAT, 32, 1};
+  if (name == "float16") return {FDNN_DTYPE_FLOAT, 16, 1};
+  if (name == "bfloat16") return {FDNN_DTYPE_BFLOAT, 16, 1};
+  throw py::value_error("dtype: expected 'float64', 'float32', 'float16' or 'bfloat16', got '" +
+                        name + "'");
+}
+
+py::dict capabilities(const Shim& shim, int op, const std::string& dtype, int32_t device_id) {
+  FDNN_Conv_Capabilities_Args caps = shim.capabilities(device_id, op, dtype_of_name(dtype));
+  py::list ranks;
+  for (int rank = 1; rank <= FDNN_MAX_SPATIAL_DIMS; ++rank)
+    if (caps.spatial_ranks & (1u << rank)) ranks.append(rank);
+  py::dict d;
+  d["support"] = caps.support;
+  d["spatial_ranks"] = py::tuple(ranks);
+  d["activations"] = caps.activations;
+  d["features"] = caps.features;
+  d["detail"] = text(caps.detail);
   return d;
 }
 
@@ -91,38 +155,25 @@ ConvSpec make_spec(int op, int spatial_rank, const std::vector<int64_t>& stride,
   if (spatial_rank < 1 || spatial_rank > FDNN_MAX_SPATIAL_DIMS)
     throw py::value_error("spatial_rank must be 1, 2 or 3");
   ConvSpec s;
-  s.op = static_cast<FDNN_ConvOp>(op);
-  s.spatial_rank = spatial_rank;
-  copy_dims(s.stride, stride, "stride");
-  copy_dims(s.dilation, dilation, "dilation");
-  copy_dims(s.padding_lo, padding_lo, "padding");
-  copy_dims(s.padding_hi, padding_hi, "padding");
-  s.groups = groups;
-  s.alpha = alpha;
-  s.beta = beta;
-  s.activation = static_cast<FDNN_Activation>(activation);
-  s.activation_alpha = activation_alpha;
-  s.activation_beta = activation_beta;
-  s.flags = flags;
-  s.algo_policy = static_cast<FDNN_AlgoPolicy>(algo_policy);
-  s.algo_id = algo_id;
-  s.workspace_limit = workspace_limit.value_or(SIZE_MAX);
+  fdnn_client::ConvParams& p = s.params;
+  p.op = op;
+  p.spatial_rank = spatial_rank;
+  copy_dims(p.stride, stride, "stride");
+  copy_dims(p.dilation, dilation, "dilation");
+  copy_dims(p.padding_lo, padding_lo, "padding");
+  copy_dims(p.padding_hi, padding_hi, "padding");
+  p.groups = groups;
+  p.alpha = alpha;
+  p.beta = beta;
+  p.activation = activation;
+  p.activation_alpha = activation_alpha;
+  p.activation_beta = activation_beta;
+  p.flags = flags;
+  p.algo_policy = algo_policy;
+  p.algo_id = algo_id;
+  p.workspace_limit = workspace_limit.value_or(SIZE_MAX);
   s.finish();
   return s;
-}
-
-// The floating dtypes of the ABI by their array-library names.
-FDNN_DLDataType dtype_of_name(const std::string& name) {
-  if (name == "float64") return {FDNN_DTYPE_FLOAT, 64, 1};
-  if (name == "float32") return {FDNN_DTYPE_FLOAT, 32, 1};
-  if (name == "float16") return {FDNN_DTYPE_FLOAT, 16, 1};
-  if (name == "bfloat16") return {FDNN_DTYPE_BFLOAT, 16, 1};
-  throw py::value_error("dtype: expected float64, float32, float16 or bfloat16, got " + name);
-}
-
-py::tuple dtype_support(const ShimLibrary& shim, const std::string& dtype, int32_t device_id) {
-  auto [support, detail] = shim.dtype_support(device_id, dtype_of_name(dtype));
-  return py::make_tuple(support, detail);
 }
 
 // What the intake makes of an array (tests and debugging): the ABI descriptor's fields.
@@ -140,26 +191,25 @@ py::dict describe_intake(py::handle array, const std::string& argname) {
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_core, m) {
-  m.doc() = "flux_dnn core: shim loading, plan cache, DLPack intake (no vendor code)";
-  m.attr("ABI_VERSION") = py::make_tuple(FDNN_ABI_MAJOR, FDNN_ABI_MINOR);
-  add_abi_constants(m);
-  register_exceptions(m);
-
-  py::class_<ShimLibrary, std::unique_ptr<ShimLibrary, py::nodelete>>(m, "Shim")
-      .def_property_readonly("name", &ShimLibrary::name)
-      .def_property_readonly("path", &ShimLibrary::path)
-      .def_property_readonly("device_type", &ShimLibrary::device_type)
-      .def("info", &shim_info)
-      .def("device_name", &ShimLibrary::device_name, py::arg("device_id") = 0)
-      .def("dtype_support", &dtype_support, py::arg("dtype"), py::arg("device_id") = 0,
-           "(support, detail): support is DTYPE_SUPPORT_NONE, _NATIVE or _CONVERTED, or -1 "
-           "when the shim predates ABI 1.2 and does not say");
-  m.def("load_shim", &ShimLibrary::load, py::return_value_policy::reference, py::arg("path"),
+void bind_shim(py::module_& m) {
+  py::class_<Shim, std::unique_ptr<Shim, py::nodelete>>(m, "Shim")
+      .def_property_readonly("name", &Shim::name)
+      .def_property_readonly("path", &Shim::path)
+      .def_property_readonly("device_type", &Shim::device_type)
+      .def("info", &shim_info,
+           "Shim_Info: name, vendor, versions, shim_version, device_type, num_devices, priority, "
+           "unavailable_reason, and the library's path and ABI.")
+      .def("device_info", &device_info, py::arg("device_id") = 0,
+           "Device_Describe: {'name': str, 'default_flags': int}.")
+      .def("capabilities", &capabilities, py::arg("op"), py::arg("dtype"), py::arg("device_id") = 0,
+           "Conv_Capabilities for op (CONV_*) and dtype ('float64', 'float32', 'float16', "
+           "'bfloat16'): {'support': SUPPORT_*, 'spatial_ranks': tuple, 'activations': bits "
+           "1 << ACTIVATION_*, 'features': FEATURE_* bits, 'detail': str}.");
+  m.def("load_shim", &Shim::load, py::return_value_policy::reference, py::arg("path"),
         "Load (once) and check the shim library at path; raises ShimLoadError.");
+}
 
+void bind_conv(py::module_& m) {
   py::class_<ConvSpec>(m, "ConvSpec")
       .def(py::init(&make_spec), py::arg("op"), py::arg("spatial_rank"), py::arg("stride"),
            py::arg("dilation"), py::arg("padding_lo"), py::arg("padding_hi"), py::arg("groups"),
@@ -167,36 +217,30 @@ PYBIND11_MODULE(_core, m) {
            py::arg("activation_alpha") = 0.f, py::arg("activation_beta") = 0.f,
            py::arg("flags") = 0u, py::arg("algo_policy") = 0, py::arg("algo_id") = 0,
            py::arg("workspace_limit") = py::none())
-      .def_readonly("op", &ConvSpec::op)
-      .def_readonly("beta", &ConvSpec::beta);
+      .def_property_readonly("op", [](const ConvSpec& s) { return s.params.op; })
+      .def_property_readonly("beta", [](const ConvSpec& s) { return s.params.beta; })
+      .def_property_readonly("flags", [](const ConvSpec& s) { return s.params.flags; });
 
-  py::class_<ConvResult>(m, "ConvResult")
-      .def_readonly("workspace_size", &ConvResult::workspace_size)
-      .def_readonly("algo_id", &ConvResult::algo_id)
-      .def_readonly("algo_name", &ConvResult::algo_name);
-
-  m.def("run_conv", &run_conv, py::arg("shim"), py::arg("spec"), py::arg("x"), py::arg("w"),
-        py::arg("y"), py::arg("bias"), py::arg("stream"), py::arg("workspace_alloc"),
-        "Run spec on DLPack arrays; the written array must exist. Returns the plan's facts.");
-
-  m.def("set_export_fallback", &set_export_fallback, py::arg("fallback"),
-        "fallback(array, argname) -> None or (exportable, dtype_code, dtype_bits), called only "
-        "when array.__dlpack__ raises BufferError.");
-  m.def("describe_intake", &describe_intake, py::arg("array"), py::arg("argname") = "x",
-        "The DLPack descriptor the core takes from array (CPU arrays; for tests).");
+  add_fast_run_conv(m);  // vectorcall: pybind11's dispatcher would allocate per call
+  m.def("plan_info", &plan_info, py::arg("shim"), py::arg("spec"), py::arg("x"), py::arg("w"),
+        py::arg("y"), py::arg("bias"), py::arg("stream") = py::none(),
+        "The plan run_conv would run (made and cached, not executed): {'workspace_size', "
+        "'algo_id', 'algo_name'}.");
 
   py::class_<PackedConv>(m, "PackedConv")
-      .def(py::init<const ShimLibrary&, const ConvSpec&, py::handle, py::handle, py::handle,
-                    py::handle, py::handle>(),
+      .def(py::init<const Shim&, const ConvSpec&, py::handle, py::handle, py::handle, py::handle,
+                    py::handle>(),
            py::arg("shim"), py::arg("spec"), py::arg("x"), py::arg("w"), py::arg("y"),
            py::arg("bias"), py::arg("stream"), py::keep_alive<1, 2>())
       .def("run", &PackedConv::run, py::arg("x"), py::arg("y"), py::arg("bias"),
            py::arg("stream"), py::arg("workspace_alloc"))
       .def_property_readonly("packed", &PackedConv::packed)
       .def_property_readonly("algo_name", &PackedConv::algo_name);
+}
 
+void bind_caches(py::module_& m) {
   m.def("plan_cache_info", [] {
-    PlanCacheStats s = plan_cache().stats();
+    fdnn_client::PlanCacheStats s = fdnn_client::plan_cache().stats();
     py::dict d;
     d["hits"] = s.hits;
     d["misses"] = s.misses;
@@ -205,10 +249,31 @@ PYBIND11_MODULE(_core, m) {
     d["capacity"] = s.capacity;
     return d;
   });
-  m.def("set_plan_cache_capacity", [](size_t n) { plan_cache().set_capacity(n); },
-        py::arg("capacity"));
-  m.def("clear_plan_cache", [] { plan_cache().clear(); });
-  m.def("set_autotune_path", [](const std::string& p) { autotune_store().set_path(p); },
+  // Without the GIL: evicted plans are destroyed here, through their vendor.
+  m.def("set_plan_cache_capacity", [](size_t n) { fdnn_client::plan_cache().set_capacity(n); },
+        py::arg("capacity"), py::call_guard<py::gil_scoped_release>());
+  m.def("clear_plan_cache", [] { fdnn_client::plan_cache().clear(); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("set_autotune_path", [](const std::string& p) { fdnn_client::autotune_store().set_path(p); },
         py::arg("path"));
-  m.def("autotune_path", [] { return autotune_store().path(); });
+  m.def("autotune_path", [] { return fdnn_client::autotune_store().path(); });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "flux_dnn core: shim loading, plan cache, DLPack intake (no vendor code)";
+  m.attr("ABI_VERSION") = py::make_tuple(FDNN_ABI_MAJOR, FDNN_ABI_MINOR);
+  m.attr("__version__") = FLUX_DNN_VERSION_STRING;
+  add_abi_constants(m);
+  register_exceptions(m);
+  fdnn_client::set_warning_handler(&warn_in_python);
+  bind_shim(m);
+  bind_conv(m);
+  m.def("set_export_fallback", &set_export_fallback, py::arg("fallback"),
+        "fallback(array, argname) -> None or (exportable, dtype_code, dtype_bits), called only "
+        "when array.__dlpack__ raises BufferError.");
+  m.def("describe_intake", &describe_intake, py::arg("array"), py::arg("argname") = "x",
+        "The DLPack descriptor the core takes from array (CPU arrays; for tests).");
+  bind_caches(m);
 }

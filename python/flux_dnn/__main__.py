@@ -7,6 +7,8 @@ import sys
 
 
 def info() -> int:
+    """Lists every shim (one that failed to load with its reason), then per device type the
+    order in which shims are asked and which serves each dtype here. Never raises."""
     import flux_dnn
 
     print(f"flux_dnn {flux_dnn.__version__}, ABI {flux_dnn.ABI_VERSION[0]}.{flux_dnn.ABI_VERSION[1]}")
@@ -15,37 +17,62 @@ def info() -> int:
         print("no shims installed")
         return 1
     for s in statuses:
-        state = "usable" if s.usable else ("loaded, unavailable" if s.loaded else "not loaded")
-        print(f"\nshim {s.name} [{s.device}]: {state}")
-        if s.vendor:
-            print(f"  vendor:  {s.vendor} {s.vendor_version_runtime} (built against {s.vendor_version_built})")
-        if s.loaded:
-            print(f"  devices: {s.num_devices}")
-        for dtype, (how, detail) in s.dtype_support.items():
-            print(f"  {dtype + ':':9} {how}" + (f" ({detail})" if detail else ""))
-        if s.path:
-            print(f"  library: {s.path}")
-        if s.reason:
-            print(f"  why not: {s.reason}")
-            if s.install_hint:
-                print(f"  to fix:  {s.install_hint}")
+        _print_shim(s)
     _print_serving(statuses)
     return 0
 
 
+def _print_shim(s) -> None:
+    from ._discovery import flag_names
+
+    state = "usable" if s.usable else ("loaded, unavailable" if s.loaded else "not loaded")
+    print(f"\nshim {s.name} [{s.device}]: {state}")
+    if s.vendor:
+        print(f"  vendor:   {s.vendor} {s.vendor_version_runtime} (built against {s.vendor_version_built})")
+    if s.loaded:
+        abi = ".".join(map(str, s.abi))
+        print(f"  shim:     version {s.shim_version or '?'}, ABI {abi}, priority {s.priority}")
+        print(f"  devices:  {s.num_devices}")
+    if s.usable:
+        print(f"  device 0: {s.device_name}, default flags {flag_names(s.default_flags)}")
+    for dtype, (how, detail) in s.dtype_support.items():
+        print(f"  {dtype + ':':9} {how}" + (f" ({detail})" if detail else ""))
+    if s.path:
+        print(f"  library:  {s.path}")
+    if s.reason:
+        print(f"  why not:  {s.reason}")
+        if s.install_hint:
+            print(f"  to fix:   {s.install_hint}")
+
+
 def _print_serving(statuses) -> None:
-    """Per device type and dtype, the shim a convolution goes to here (what dispatch picks)."""
-    from ._discovery import DTYPES, REGISTRY, device_name
+    """Per device type: the order shims are asked in (with each one's priority, version and
+    default flags), and the shim a convolution of each dtype goes to here (what dispatch
+    picks, from what the shims report)."""
+    from ._discovery import REGISTRY, device_name
 
     for device_type in sorted({s.device_type for s in statuses if s.usable}):
         print(f"\n{device_name(device_type)} arrays:")
-        for dtype in DTYPES:
-            try:
-                entry = REGISTRY.shim_for(device_type, dtype)
-                how = entry.support(dtype)
-                print(f"  {dtype + ':':9} {entry.name}" + (" (converted)" if how[0] == 2 else ""))
-            except TypeError:
-                print(f"  {dtype + ':':9} not supported")
+        try:
+            _print_device_serving(REGISTRY.usable_for(device_type, loud=False)[0])
+        except Exception as exc:  # noqa: BLE001 -- a shim failing to answer is shown, not raised
+            print(f"  error:    {type(exc).__name__}: {exc}")
+
+
+def _print_device_serving(usable: list) -> None:
+    from . import _core
+    from ._discovery import DTYPES, flag_names
+
+    order = ", ".join(f"{e.name} (priority {e.priority}, version {e.info['shim_version'] or '?'}, "
+                      f"default flags {flag_names(e.default_flags())})" for e in usable)
+    print(f"  order:    {order}")
+    for dtype in DTYPES:
+        serving = [e for e in usable if e.computes(dtype)]
+        if not serving:
+            print(f"  {dtype + ':':9} not supported")
+            continue
+        how = serving[0].capabilities(_core.CONV_FORWARD, dtype)["support"]
+        print(f"  {dtype + ':':9} {serving[0].name}" + (" (converted)" if how == _core.SUPPORT_CONVERTED else ""))
 
 
 def demo() -> int:

@@ -34,5 +34,4 @@ def shim_spec() -> ShimSpec:
         library=str(pathlib.Path(__file__).with_name("libflux_dnn_blas.so")),
         preload=_preload_openblas,
         install_hint="pip install scipy-openblas32",
-        priority=10,
     )

@@ -1,18 +1,19 @@
-"""Finding and loading shims.
+"""Finding and loading shims, and the order in which they are asked.
 
-Shims register through the entry-point group ``flux_dnn.shims`` (the built-in oneDNN shim the
-same way as plugin wheels such as ``flux-dnn-cuda13``). Each entry point is a zero-argument
-callable returning a :class:`ShimSpec`. Nothing is dlopened at ``import flux_dnn``: the entry
-points are read on first need, and a shim is loaded on the first call for its device. A shim
-that fails to load is recorded with its reason, which is raised (with what to install) only
-when its device is asked for. ``FLUX_DNN_SHIMS=name[,name...]`` (or paths to shim libraries)
-selects shims explicitly, in that order; then a shim that fails to load fails loudly, at
-first use.
+Shims register through the entry-point group ``flux_dnn.shims`` (the built-in oneDNN and
+BLAS shims the same way as plugin wheels such as ``flux-dnn-cuda13``). Each entry point is a
+zero-argument callable returning a :class:`ShimSpec`. Nothing is dlopened at ``import
+flux_dnn``: the entry points are read on first need, and a shim is loaded on the first call
+for its device. A shim that fails to load is recorded with its reason, which is raised (with
+what to install) only when its device is asked for. ``FLUX_DNN_SHIMS=name[,name...]`` (or
+paths to shim libraries) selects shims explicitly, in that order; then a shim that fails to
+load fails loudly, at the first convolution. Listing (``flux_dnn.shims()``, ``python -m
+flux_dnn info``) never raises: it shows every shim, with the reason of each failure.
 
-Several shims may serve one device type (on the CPU: oneDNN, and the BLAS shim). A problem
-goes to the first of them, by priority (or by the order in FLUX_DNN_SHIMS), that computes its
-dtype on this machine, as the shim itself reports (ABI 1.2 Conv_Dtype_Support): what a
-vendor can do is never written down in Python.
+Several shims may serve one device type (on the CPU: oneDNN, and the BLAS shim). They are
+asked in the order of the priority each reports (Shim_Info), highest first, and a problem
+goes to the first whose capabilities (Conv_Capabilities, as the shim finds this machine)
+cover its dtype: what a vendor can do is never written down in Python.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def device_name(device_type: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ShimSpec:
-    """How to load one shim; returned by a ``flux_dnn.shims`` entry point."""
+    """How to load one shim; returned by a ``flux_dnn.shims`` entry point. What the shim can
+    do, and its priority among the shims of its device, it reports itself once loaded."""
 
     name: str  #: short name, e.g. "onednn"
     device_type: int  #: the DLPack device type it serves (CPU 1, CUDA 2, Metal 8, ROCm 10)
@@ -53,13 +55,21 @@ class ShimSpec:
     #: with a readable reason when they are missing
     preload: Optional[Callable[[], None]] = None
     install_hint: str = ""  #: what to install when this shim cannot load
-    #: among shims of one device type, the higher is asked first (oneDNN 100, BLAS 10)
-    priority: int = 0
 
 
 #: The dtypes of the ABI, by the names array libraries give them.
 DTYPES = ("float64", "float32", "float16", "bfloat16")
-NATIVE, CONVERTED = _core.DTYPE_SUPPORT_NATIVE, _core.DTYPE_SUPPORT_CONVERTED
+#: The convolution ops of the ABI by name.
+OPS = {"forward": _core.CONV_FORWARD, "backward_data": _core.CONV_BACKWARD_DATA,
+       "backward_weight": _core.CONV_BACKWARD_WEIGHT}
+SUPPORT_WORDS = {_core.SUPPORT_NATIVE: "native", _core.SUPPORT_CONVERTED: "converted", _core.SUPPORT_NONE: "no"}
+
+
+def flag_names(flags: int) -> str:
+    """FDNN_CONV_* flag bits in words, e.g. "ALLOW_REDUCED_PRECISION"; "none" for 0."""
+    names = [name for name in ("DETERMINISTIC", "ALLOW_REDUCED_PRECISION") if flags & getattr(_core, f"CONV_{name}")]
+    rest = flags & ~(_core.CONV_DETERMINISTIC | _core.CONV_ALLOW_REDUCED_PRECISION)
+    return " | ".join(names + ([hex(rest)] if rest else [])) or "none"
 
 
 @dataclasses.dataclass
@@ -73,12 +83,19 @@ class ShimStatus:
     vendor: str = ""
     vendor_version_built: str = ""
     vendor_version_runtime: str = ""
+    shim_version: str = ""  #: the flux_dnn version the shim was built from
+    abi: tuple = ()  #: the ABI (major, minor) of the shim's table
+    priority: int = 0  #: among shims of one device type the higher is asked first
     num_devices: int = 0
+    device_name: str = ""  #: device 0's name as the shim gives it
+    default_flags: int = 0  #: device 0's default CONV_* flags (TF32 on NVIDIA)
     path: str = ""
-    #: the dtypes it computes on this machine, as the shim reports them (loaded shims only)
+    #: the dtypes it computes forward on device 0 of this machine, as the shim reports them
     dtypes: tuple = ()
-    #: dtype -> (how: "native", "converted" or "no", the shim's words)
+    #: dtype -> (how: "native", "converted" or "no", the shim's words), forward on device 0
     dtype_support: dict = dataclasses.field(default_factory=dict)
+    #: op name ("forward", ...) -> dtype -> Shim.capabilities(), device 0 (usable shims only)
+    capabilities: dict = dataclasses.field(default_factory=dict)
     reason: Optional[str] = None  #: why it cannot be used here; None when usable
     install_hint: str = ""
 
@@ -88,31 +105,58 @@ class ShimStatus:
 
     @property
     def device(self) -> str:
-        return device_name(self.device_type)
+        return device_name(self.device_type) if self.device_type else "device unknown"
 
 
 class _Entry:
-    """One discovered shim: its spec (or the error that kept us from getting one)."""
+    """One discovered shim: its spec (or the error that kept us from getting one), and once
+    loaded what it reports of itself, asked once and remembered."""
 
-    def __init__(self, name: str, spec: Optional[ShimSpec], reason: Optional[str]):
+    def __init__(self, name: str, spec: Optional[ShimSpec], reason: Optional[str], path: str = ""):
         self.name = name
         self.spec = spec
+        self.path = spec.library if spec is not None else path  # the library, when known
         self.reason = reason  # why it failed to be found or loaded
         self.shim = None  # _core.Shim once loaded
         self.info: Optional[dict] = None
         self.attempted = False
-        self._support: dict = {}  # (dtype, device_id) -> (support, detail), asked once
+        self._capabilities: dict = {}  # (op, dtype, device_id) -> Shim.capabilities()
+        self._devices: dict = {}  # device_id -> Shim.device_info()
 
-    def support(self, dtype: str, device_id: int = 0) -> tuple:
-        """(support, detail) as the loaded shim reports it; support -1: a shim older than
-        ABI 1.2, which does not say (its plan creation decides)."""
-        key = (dtype, device_id)
-        if key not in self._support:
-            self._support[key] = tuple(self.shim.dtype_support(dtype, device_id))
-        return self._support[key]
+    @property
+    def priority(self) -> int:
+        return self.info["priority"] if self.info else 0
 
-    def computes(self, dtype: str, device_id: int = 0) -> bool:
-        return dtype in DTYPES and self.support(dtype, device_id)[0] != _core.DTYPE_SUPPORT_NONE
+    @property
+    def usable(self) -> bool:
+        return self.shim is not None and self.reason is None and self.info["unavailable_reason"] is None
+
+    def capabilities(self, op: int, dtype: str, device_id: int = 0) -> dict:
+        """What the loaded shim computes for op and dtype on the device (Shim.capabilities)."""
+        key = (op, dtype, device_id)
+        if key not in self._capabilities:
+            self._capabilities[key] = self.shim.capabilities(op, dtype, device_id)
+        return self._capabilities[key]
+
+    def device_info(self, device_id: int = 0) -> dict:
+        """{"name", "default_flags"} of the device, as the loaded shim describes it."""
+        if device_id not in self._devices:
+            self._devices[device_id] = self.shim.device_info(device_id)
+        return self._devices[device_id]
+
+    def default_flags(self, device_id: int = 0) -> int:
+        """The CONV_* flags a caller without a preference passes on this device."""
+        return self.device_info(device_id)["default_flags"]
+
+    def computes(self, dtype: str, device_id: int = 0, op: Optional[int] = None) -> bool:
+        """Whether the shim computes dtype on the device: for op, or for any op when None."""
+        if dtype not in DTYPES:
+            return False
+        ops = OPS.values() if op is None else (op,)
+        return any(self.capabilities(o, dtype, device_id)["support"] != _core.SUPPORT_NONE for o in ops)
+
+    def why_not(self) -> str:
+        return self.reason or (self.info or {}).get("unavailable_reason") or "unknown"
 
 
 class Registry:
@@ -123,6 +167,8 @@ class Registry:
 
     # -- discovery ---------------------------------------------------------------------
     def _discover(self) -> list:
+        """The entries, in the order FLUX_DNN_SHIMS names them or the entry points list them.
+        Never raises: what fails is recorded in the entry."""
         with self._lock:
             if self._entries is None:
                 wanted = os.environ.get("FLUX_DNN_SHIMS", "").strip()
@@ -130,12 +176,7 @@ class Registry:
                 entries = self._from_entry_points()
                 if wanted:
                     entries = self._select(entries, [w.strip() for w in wanted.split(",") if w.strip()])
-                else:  # stable: equal priorities keep the entry points' order
-                    entries.sort(key=lambda e: -(e.spec.priority if e.spec is not None else 0))
                 self._entries = entries
-                if self._explicit:  # named shims load now, and a failure is loud
-                    for entry in entries:
-                        self._load(entry)
             return self._entries
 
     @staticmethod
@@ -159,7 +200,7 @@ class Registry:
             if item in by_name:
                 chosen.append(by_name[item])
             elif os.sep in item or item.endswith((".so", ".dylib", ".dll")):
-                chosen.append(_Entry(item, None, None))  # a library path, described at load
+                chosen.append(_Entry(item, None, None, path=item))  # a library path, described at load
             else:
                 known = ", ".join(sorted(by_name)) or "none"
                 chosen.append(_Entry(item, None, f"FLUX_DNN_SHIMS names {item!r}, but no such shim is installed (installed: {known})"))
@@ -167,35 +208,48 @@ class Registry:
 
     # -- loading -----------------------------------------------------------------------
     def _load(self, entry: _Entry) -> None:
+        """Loads an entry once; a failure is recorded in entry.reason, never raised."""
         if entry.attempted:
             return
         entry.attempted = True
         if entry.reason is None:
             self._try_load(entry)
-        if entry.reason is not None and self._explicit:
-            raise _core.ShimLoadError(f"shim {entry.name!r} named in FLUX_DNN_SHIMS failed to load: {entry.reason}")
 
     @staticmethod
     def _try_load(entry: _Entry) -> None:
         try:
             if entry.spec is not None and entry.spec.preload is not None:
                 entry.spec.preload()
-            path = entry.spec.library if entry.spec is not None else entry.name
+            path = entry.spec.library if entry.spec is not None else entry.path
             entry.shim = _core.load_shim(os.fspath(path))
             entry.info = entry.shim.info()
             if entry.spec is None:  # loaded from a bare path: the library describes itself
                 entry.spec = ShimSpec(entry.info["name"], entry.info["device_type"], path)
                 entry.name = entry.spec.name
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- any failure is the entry's reason
             entry.shim = None
+            entry.info = None
             entry.reason = f"{type(exc).__name__}: {exc}"
 
-    def usable_for(self, device_type: int) -> tuple:
-        """(loaded usable shims for a device type, in the order they are asked; the entries
-        that failed, maybe for this device)."""
+    def _check_explicit(self) -> None:
+        """A shim named in FLUX_DNN_SHIMS that fails to load fails the first convolution."""
+        for entry in self._discover():
+            self._load(entry)
+            if entry.reason is not None:
+                raise _core.ShimLoadError(f"shim {entry.name!r} named in FLUX_DNN_SHIMS failed to load: {entry.reason}")
+
+    def usable_for(self, device_type: int, loud: bool = True) -> tuple:
+        """(the loaded, usable shims for a device type, in the order they are asked; the
+        entries that failed, maybe for this device). The order is FLUX_DNN_SHIMS's when it
+        is set, else each shim's reported priority, highest first (ties keep the entry
+        points' order). loud: raise ShimLoadError when a shim named in FLUX_DNN_SHIMS fails
+        to load (dispatch); listing passes False."""
         with self._lock:
+            entries = self._discover()
+            if self._explicit and loud:
+                self._check_explicit()
             usable, failures = [], []
-            for entry in self._discover():
+            for entry in entries:
                 if entry.spec is None and entry.reason is None:
                     self._load(entry)  # a bare library path: loading tells its device
                 if entry.spec is None:
@@ -204,38 +258,47 @@ class Registry:
                 if entry.spec.device_type != device_type:
                     continue
                 self._load(entry)
-                if entry.shim is not None and entry.info["unavailable_reason"] is None:
-                    usable.append(entry)
-                else:
-                    failures.append(entry)
+                (usable if entry.usable else failures).append(entry)
+            if not self._explicit:
+                usable.sort(key=lambda e: -e.priority)  # stable
             return usable, failures
 
-    def shim_for(self, device_type: int, dtype: Optional[str] = None, device_id: int = 0,
-                 argument: str = "x") -> _Entry:
-        """The first loaded, usable shim for a device type that computes `dtype` (any dtype
-        when None). Raises DeviceUnavailableError when no shim for the device works here,
-        TypeError when none of those computes the dtype."""
+    def candidates(self, device_type: int, dtype: str, device_id: int = 0, argument: str = "x",
+                   op: Optional[int] = None) -> list:
+        """The usable shims for a device type that compute `dtype` on device_id (for `op`, or
+        for any op when None), as their capabilities report, in the order they are asked.
+        A caller tries them in turn, passing a problem on when plan creation raises
+        UnsupportedError. Raises DeviceUnavailableError when no shim for the device works
+        here, TypeError naming `argument` and what each shim computes when none computes
+        the dtype, ShimLoadError when a shim named in FLUX_DNN_SHIMS failed to load."""
         usable, failures = self.usable_for(device_type)
         if not usable:
             raise _core.DeviceUnavailableError(self._unavailable_message(device_type, failures))
+        serving = [entry for entry in usable if entry.computes(dtype, device_id, op)]
+        if not serving:
+            raise TypeError(self._dtype_message(device_type, dtype, device_id, argument, usable, failures, op))
+        return serving
+
+    def shim_for(self, device_type: int, dtype: Optional[str] = None, device_id: int = 0,
+                 argument: str = "x", op: Optional[int] = None) -> _Entry:
+        """The first of candidates() (the first usable shim when dtype is None)."""
         if dtype is None:
+            usable, failures = self.usable_for(device_type)
+            if not usable:
+                raise _core.DeviceUnavailableError(self._unavailable_message(device_type, failures))
             return usable[0]
-        for entry in usable:
-            if entry.computes(dtype, device_id):
-                return entry
-        raise TypeError(self._dtype_message(device_type, dtype, device_id, argument, usable, failures))
+        return self.candidates(device_type, dtype, device_id, argument, op)[0]
 
     @staticmethod
-    def _dtype_message(device_type, dtype, device_id, argument, usable, failures) -> str:
+    def _dtype_message(device_type, dtype, device_id, argument, usable, failures, op) -> str:
         device = device_name(device_type)
         lines = [f"{argument}: dtype {dtype} is not supported by any shim for {device} arrays here:"]
         for e in usable:
-            takes = [d for d in DTYPES if e.computes(d, device_id)]
-            why = e.support(dtype, device_id)[1] if dtype in DTYPES else ""
+            takes = [d for d in DTYPES if e.computes(d, device_id, op)]
+            why = e.capabilities(op or _core.CONV_FORWARD, dtype, device_id)["detail"] if dtype in DTYPES else ""
             lines.append(f"  shim {e.name!r} computes {', '.join(takes) or 'nothing'}" + (f" ({why})" if why else ""))
         for e in failures:
-            why = e.reason or (e.info or {}).get("unavailable_reason") or "unknown"
-            lines.append(f"  shim {e.name!r} is not usable: {why}")
+            lines.append(f"  shim {e.name!r} is not usable: {e.why_not()}")
         lines.append(f"  accepted dtypes: {', '.join(DTYPES)}")
         return "\n".join(lines)
 
@@ -247,41 +310,47 @@ class Registry:
             return f"no flux_dnn shim is installed for {device} arrays (DLPack device type {device_type}); to add one: {hint}"
         lines = [f"no usable flux_dnn shim for {device} arrays (DLPack device type {device_type}):"]
         for e in failures:
-            why = e.reason or (e.info or {}).get("unavailable_reason") or "unknown"
-            lines.append(f"  shim {e.name!r}: {why}")
+            lines.append(f"  shim {e.name!r}: {e.why_not()}")
             hint = (e.spec.install_hint if e.spec and e.spec.install_hint else hint)
         lines.append(f"  to fix: {hint}")
         return "\n".join(lines)
 
     def statuses(self, load: bool = True) -> list:
+        """A ShimStatus per entry, in discovery order. Never raises."""
         with self._lock:
             result = []
             for e in self._discover():
                 if load:
-                    try:
-                        self._load(e)
-                    except _core.ShimLoadError:
-                        pass  # recorded in e.reason; listing must show every shim
-                spec, info = e.spec, e.info or {}
-                reason = e.reason or info.get("unavailable_reason")
-                support = {}
-                if e.shim is not None and reason is None:
-                    words = {_core.DTYPE_SUPPORT_NATIVE: "native", _core.DTYPE_SUPPORT_CONVERTED: "converted",
-                             _core.DTYPE_SUPPORT_NONE: "no"}
-                    for d in DTYPES:
-                        how, detail = e.support(d)
-                        support[d] = (words.get(how, "unknown (the shim predates ABI 1.2)"), detail)
-                result.append(ShimStatus(
-                    name=e.name, device_type=spec.device_type if spec else info.get("device_type", 0),
-                    found=spec is not None or e.shim is not None, loaded=e.shim is not None,
-                    vendor=info.get("vendor", ""),
-                    vendor_version_built=info.get("vendor_version_built", ""),
-                    vendor_version_runtime=info.get("vendor_version_runtime", ""),
-                    num_devices=info.get("num_devices", 0), path=info.get("path", spec.library if spec else ""),
-                    dtypes=tuple(d for d, (how, _) in support.items() if how != "no"),
-                    dtype_support=support, reason=reason,
-                    install_hint=spec.install_hint if spec else ""))
+                    self._load(e)
+                result.append(self._status(e))
             return result
+
+    @staticmethod
+    def _status(e: _Entry) -> ShimStatus:
+        spec, info = e.spec, e.info or {}
+        status = ShimStatus(
+            name=e.name, device_type=spec.device_type if spec else info.get("device_type", 0),
+            found=spec is not None or e.shim is not None, loaded=e.shim is not None,
+            vendor=info.get("vendor", ""), vendor_version_built=info.get("vendor_version_built", ""),
+            vendor_version_runtime=info.get("vendor_version_runtime", ""),
+            shim_version=info.get("shim_version", ""), abi=tuple(info.get("abi", ())),
+            priority=info.get("priority", 0), num_devices=info.get("num_devices", 0),
+            path=info.get("path", e.path),
+            reason=e.reason or info.get("unavailable_reason"), install_hint=spec.install_hint if spec else "")
+        if not e.usable:
+            return status
+        try:  # a shim that fails to describe device 0 is listed with that reason
+            device = e.device_info(0)
+            status.device_name, status.default_flags = device["name"], device["default_flags"]
+            status.capabilities = {name: {d: e.capabilities(op, d) for d in DTYPES} for name, op in OPS.items()}
+        except Exception as exc:  # noqa: BLE001
+            status.reason = f"{type(exc).__name__}: {exc}"
+            return status
+        forward = status.capabilities["forward"]
+        status.dtype_support = {d: (SUPPORT_WORDS.get(c["support"], f"unknown ({c['support']})"), c["detail"])
+                                for d, c in forward.items()}
+        status.dtypes = tuple(d for d, c in forward.items() if c["support"] != _core.SUPPORT_NONE)
+        return status
 
     def reset(self) -> None:
         """Forget discovery (tests; after installing a plugin). Loaded libraries stay loaded."""

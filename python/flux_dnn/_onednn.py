@@ -42,7 +42,6 @@ def shim_spec() -> ShimSpec:
         name="onednn",
         device_type=1,
         library=str(library),
-        priority=100,  # the CPU's first choice for every dtype it computes (all but float64)
         # A build without the library records why when CPU arrays ask for it, and only then.
         preload=_preload_onednn if library.exists() else _not_built,
         install_hint="pip install --force-reinstall onednn-cpu-gomp==2023.2.0",

@@ -1,7 +1,7 @@
 // Algorithm choices found by benchmark mode, kept on disk so the next process does not search
-// again. Keyed by shim, vendor version, device name and the conv key. The file is a text file
-// rewritten atomically (temp file + rename); a corrupt or foreign file is ignored with a
-// warning and replaced on the next write, never trusted.
+// again. Keyed by shim, vendor version, device name and the problem's bytes. The file is a
+// text file rewritten atomically (temp file + rename); a corrupt or foreign file is ignored
+// with a warning and replaced on the next write, never trusted.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,13 @@
 #include <optional>
 #include <string>
 
-namespace fdnn_core {
+namespace fdnn_client {
+
+// Where the client's warnings go (a corrupt autotune file, a stale choice): the binding sets
+// it (_core: Python's warnings); by default they go to stderr. It may throw.
+using WarningHandler = void (*)(const std::string& message);
+void set_warning_handler(WarningHandler handler);
+void warn(const std::string& message);
 
 class AutotuneStore {
  public:
@@ -32,4 +38,4 @@ class AutotuneStore {
 
 AutotuneStore& autotune_store();
 
-}  // namespace fdnn_core
+}  // namespace fdnn_client

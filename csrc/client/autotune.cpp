@@ -1,22 +1,20 @@
-#include "autotune.hpp"
+#include "client/autotune.hpp"
 
-#include <pybind11/pybind11.h>
-
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-namespace fdnn_core {
+namespace fdnn_client {
 
 namespace {
 
 constexpr const char* kHeader = "flux_dnn autotune v1";
 
-void warn(const std::string& message) {
-  pybind11::gil_scoped_acquire gil;
-  if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) PyErr_Clear();
-}
+void warn_to_stderr(const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); }
+
+std::atomic<WarningHandler> warning_handler{&warn_to_stderr};
 
 std::string hex(const std::string& bytes) {
   static const char digits[] = "0123456789abcdef";
@@ -30,6 +28,12 @@ std::string hex(const std::string& bytes) {
 }
 
 }  // namespace
+
+void set_warning_handler(WarningHandler handler) {
+  warning_handler.store(handler ? handler : &warn_to_stderr);
+}
+
+void warn(const std::string& message) { warning_handler.load()(message); }
 
 void AutotuneStore::set_path(const std::string& path) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -116,4 +120,4 @@ AutotuneStore& autotune_store() {
   return *store;
 }
 
-}  // namespace fdnn_core
+}  // namespace fdnn_client
