@@ -8,6 +8,19 @@ endif()
 
 find_package(Python 3.10 REQUIRED COMPONENTS Interpreter)
 
+# FLUX_DNN_ABI_MAJOR / _MINOR: the ABI version, read from the header (the one place an ABI
+# number is written) for what CMake writes beside the libraries (_build_info.py).
+set(FLUX_DNN_HEADER "${PROJECT_SOURCE_DIR}/csrc/include/flux_dnn/flux_dnn.h")
+file(STRINGS "${FLUX_DNN_HEADER}" abi_defines REGEX "^#define FDNN_ABI_(MAJOR|MINOR) +[0-9]+")
+if(NOT abi_defines MATCHES "FDNN_ABI_MAJOR +([0-9]+)")
+  message(FATAL_ERROR "flux_dnn: no '#define FDNN_ABI_MAJOR <n>' in ${FLUX_DNN_HEADER}")
+endif()
+set(FLUX_DNN_ABI_MAJOR ${CMAKE_MATCH_1})
+if(NOT abi_defines MATCHES "FDNN_ABI_MINOR +([0-9]+)")
+  message(FATAL_ERROR "flux_dnn: no '#define FDNN_ABI_MINOR <n>' in ${FLUX_DNN_HEADER}")
+endif()
+set(FLUX_DNN_ABI_MINOR ${CMAKE_MATCH_1})
+
 # flux_dnn_warnings(<target>): the warning set every target is built with.
 function(flux_dnn_warnings target)
   if(MSVC)
@@ -65,4 +78,15 @@ function(flux_dnn_add_shim name)
   endif()
   install(TARGETS ${target} LIBRARY DESTINATION ${FLUX_DNN_SHIM_DESTINATION}
                             RUNTIME DESTINATION ${FLUX_DNN_SHIM_DESTINATION})
+endfunction()
+
+# flux_dnn_install_build_info(<destination>)
+# Installs <destination>/_build_info.py into a plug-in package: the flux_dnn version and the
+# ABI version its libraries were built for, and require_core_abi(), which the package runs
+# at import to refuse a core of another ABI major with both versions named.
+function(flux_dnn_install_build_info destination)
+  string(MAKE_C_IDENTIFIER "${destination}" id)
+  set(out "${PROJECT_BINARY_DIR}/build_info/${id}/_build_info.py")
+  configure_file("${PROJECT_SOURCE_DIR}/packaging/plugin_build_info.py.in" "${out}" @ONLY)
+  install(FILES "${out}" DESTINATION "${destination}")
 endfunction()

@@ -35,7 +35,34 @@ from ._api import (
     set_plan_cache_capacity,
 )
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    """The version pip installed (from the file VERSION, like every flux_dnn package)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("flux-dnn")
+    except importlib.metadata.PackageNotFoundError:  # on sys.path without being installed:
+        return getattr(_core, "__version__", "unknown")  # what the build compiled in
+
+
+__version__ = _installed_version()
+
+
+def get_include() -> str:
+    """The folder holding ``flux_dnn/flux_dnn.h``, the C ABI of the shims, for C and C++
+    programs that load a shim library themselves (see examples/c): pass it to the compiler
+    as ``-I``, like ``numpy.get_include()``."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(here, "include")  # the wheel's copy
+    checkout = os.path.join(here, os.pardir, os.pardir, "csrc", "include")  # an editable install
+    for folder in (installed, checkout):
+        if os.path.isfile(os.path.join(folder, "flux_dnn", "flux_dnn.h")):
+            return os.path.normpath(folder)
+    raise FileNotFoundError(f"flux_dnn/flux_dnn.h is in neither {installed} nor {os.path.normpath(checkout)}: "
+                            "this flux_dnn install is incomplete (reinstall flux-dnn)")
 
 
 def _default_autotune_path() -> str:
@@ -71,6 +98,7 @@ __all__ = [
     "conv_transpose1d",
     "conv_transpose2d",
     "conv_transpose3d",
+    "get_include",
     "plan_cache_info",
     "set_plan_cache_capacity",
     "shims",

@@ -1,11 +1,21 @@
 """flux_dnn's cuDNN shim for CUDA 13: registers the shim library through the
-``flux_dnn.shims`` entry point. Nothing here loads a vendor library at import."""
+``flux_dnn.shims`` entry point. Nothing here loads a vendor library at import.
+
+Importing it checks that the installed flux_dnn core speaks the ABI major the shim was built
+for (ImportError naming both versions otherwise); flux_dnn's discovery, which imports this
+package for its entry point, then lists the shim with that reason."""
 
 from __future__ import annotations
 
 import ctypes
 import importlib.metadata
 import pathlib
+
+from ._build_info import VERSION, require_core_abi
+
+require_core_abi(__name__)
+
+__version__ = VERSION
 
 CUDA_MAJOR = int(__name__[-2:])  # flux_dnn_cuda13 -> 13, flux_dnn_cuda12 -> 12
 CUDNN_DISTRIBUTION = f"nvidia-cudnn-cu{CUDA_MAJOR}"
@@ -44,11 +54,11 @@ def _preload() -> None:
 
 def shim_spec():
     """The entry point of group ``flux_dnn.shims``."""
-    from flux_dnn import ShimSpec
+    from flux_dnn import ShimSpec, _core
 
     return ShimSpec(
         name="cudnn",
-        device_type=2,  # DLPack kDLCUDA
+        device_type=_core.DEVICE_CUDA,
         library=str(LIBRARY),
         preload=_preload,
         install_hint=f"an NVIDIA GPU with a driver for CUDA {CUDA_MAJOR}, and "
