@@ -496,6 +496,10 @@ typedef struct {
    * non-NULL except Conv_Plan_Pack_Weights. */
 } FDNN_Api;
 FDNN_DEFINE_STRUCT_TRAITS(FDNN_Api, Conv_Plan_Pack_Weights);
+/* Where every version of this ABI, 1.0 on, keeps the version of its table. */
+FDNN_STATIC_ASSERT(offsetof(FDNN_Api, abi_major) == sizeof(size_t) &&
+                       offsetof(FDNN_Api, abi_minor) == sizeof(size_t) + 4,
+                   "FDNN_Api: abi_major/abi_minor must follow struct_size, as in every version");
 
 /* The one exported symbol. Returns a pointer to static storage; never NULL; cheap: does not
  * load the vendor library (Shim_Info does). */
