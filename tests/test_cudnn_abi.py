@@ -3,7 +3,7 @@
 Runs everywhere the shim is built: without a GPU it checks the table, the reported cuDNN
 version and the no-GPU reason and errors; with a CUDA device it also plans real
 convolutions (algorithm ids, flags, workspace limit). The conformance of the numbers is in
-test_cudnn_gpu.py.
+tests/conformance/ (its CUDA backends).
 """
 
 from __future__ import annotations

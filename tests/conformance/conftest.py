@@ -95,9 +95,7 @@ def shim_capabilities(shim, op: int, dtype: str, device_id: int = 0) -> Capabili
     if hasattr(shim, "capabilities"):  # ABI 2.0
         raw = shim.capabilities(op, dtype, device_id)
         support = {_core.SUPPORT_NATIVE: "native", _core.SUPPORT_CONVERTED: "converted"}.get(raw["support"], "none")
-        features = frozenset(
-            name for name in FEATURES if raw["features"] & getattr(_core, "FEATURE_" + name.upper(), 0)
-        )
+        features = frozenset(name for name in FEATURES if raw["features"] & getattr(_core, "FEATURE_" + name.upper()))
         return Capability(
             support,
             frozenset(r for r in RANKS if raw["spatial_ranks"] & (1 << r)),
@@ -249,6 +247,29 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "accelerator: a conformance test on a device other than the CPU")
 
 
+def _chosen_backends(first_only: bool, where) -> list:
+    """The backends a test concerns (where(library)); with first_only, per shim the first
+    that can run here, else the first that cannot (its skip reason)."""
+
+    def concerned(b):
+        if where is None:
+            return True
+        if b.library is not None:
+            return where(b.library)
+        # a shim that cannot run here: shown where a library of its device would be concerned
+        return any(where(lib) for lib in all_libraries() if lib.device_type == b.status.device_type)
+
+    chosen = [b for b in discovered_backends() if concerned(b)]
+    if not first_only:
+        return chosen
+    per_shim: dict = {}
+    for b in chosen:
+        kept = per_shim.get(b.status.name)
+        if kept is None or (kept.skip is not None and b.skip is None):
+            per_shim[b.status.name] = b
+    return list(per_shim.values())
+
+
 def pytest_generate_tests(metafunc):
     if "backend" not in metafunc.fixturenames:
         return
@@ -256,14 +277,8 @@ def pytest_generate_tests(metafunc):
     axes = dict(marker.kwargs) if marker else {}
     first_only = axes.pop("libraries", "all") == "first"
     where = axes.pop("where", None)
-    params, shims_done = [], set()
-    for b in discovered_backends():
-        if where is not None and b.library is not None and not where(b.library):
-            continue
-        if first_only and b.skip is None:
-            if b.status.name in shims_done:
-                continue
-            shims_done.add(b.status.name)
+    params = []
+    for b in _chosen_backends(first_only, where):
         marks = [pytest.mark.accelerator] if b.status.device_type != CPU else []
         if b.skip is not None:
             skip = pytest.mark.skip(reason=b.skip)
@@ -294,7 +309,6 @@ class Backend:
         self.status = param.status
         self.shim = param.status.name
         self.selector = param.selector
-        self.device_type = param.status.device_type
         self.lib = param.library
         self._loaded = _core.load_shim(param.status.path)  # the same library flux_dnn loaded
         self._caps: dict = {}

@@ -242,14 +242,6 @@ def draw_epilogue(rng, op: str, cap, writable: bool, activation="draw") -> Epilo
     return e
 
 
-def alpha_beta_features(e: Epilogue) -> tuple:
-    return ("alpha_beta",) if (e.alpha != 1.0 or e.beta != 0.0) else ()
-
-
-def geometry_features(g: Geometry) -> tuple:
-    return (("groups",) if g.groups > 1 else ()) + (("dilation",) if max(g.dilation) > 1 else ())
-
-
 # ------------------------------------------------------------------------------------------
 # Comparing
 
