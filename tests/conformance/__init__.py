@@ -12,6 +12,11 @@ device's arrays, through flux_dnn's public API, against the float64 reference (r
 - test_frameworks.py: autograd through flux_dnn.torch and flux_dnn.jax.
 - test_vendor_switches.py: checks that drive a vendor's own environment switches.
 - test_pinning.py: the pin itself routes calls to the pinned shim only.
+- test_known_defects.py: defects of flux_dnn or a vendor that the suite found, one strict
+  xfail each; the random draws keep clear of them (problems.KNOWN_DEFECTS).
+
+A new shim needs no edit here: it is found through flux_dnn.shims(), and what it claims
+(its capabilities) decides what runs on it.
 
 A case a shim does not claim is skipped with the shim's own words; a claimed case must pass.
 ``python -m pytest tests/conformance -m accelerator`` runs only the backends of devices other
