@@ -46,13 +46,19 @@ echo "ok"
 step "python -m flux_dnn info"
 (cd /tmp && "$PY" -m flux_dnn info) 2>&1 | tee "$LOGS/info.txt"
 
-step "tests: ABI, discovery, GPU conformance (CuPy and torch)"
-# Run from the repo root against the installed packages (the tests import flux_dnn).
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -W default -rfs \
+step "tests: ABI, discovery, GPU conformance (every CUDA array library: torch, CuPy, JAX)"
+# Run from the repo root against the installed packages (the tests import flux_dnn). The
+# conformance suite's GPU part is its backends on devices other than the CPU (-m accelerator).
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -W default -rfs \
   --junitxml="$LOGS/pytest.xml" \
-  tests/test_cudnn_abi.py tests/test_cudnn.py tests/test_cudnn_gpu.py \
+  tests/test_cudnn_abi.py tests/test_cudnn.py \
   > "$LOGS/pytest.txt" 2>&1
 test_rc=$?
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -W default -rfs \
+  --junitxml="$LOGS/pytest_conformance.xml" -m accelerator \
+  tests/conformance \
+  >> "$LOGS/pytest.txt" 2>&1
+test_rc=$((test_rc | $?))
 grep -E "^(FAILED|ERROR)" "$LOGS/pytest.txt" | head -30
 tail -3 "$LOGS/pytest.txt"
 [ $test_rc -eq 0 ] || status=1

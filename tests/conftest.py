@@ -9,8 +9,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 @pytest.fixture
 def rng(request):
-    """A fresh random generator per test; its seed is printed when the test fails."""
-    seed = np.random.SeedSequence().entropy
+    """A fresh random generator per test; its seed is printed when the test fails, and
+    FLUX_DNN_TEST_SEED=<seed> replays it."""
+    seed = int(os.environ.get("FLUX_DNN_TEST_SEED") or np.random.SeedSequence().entropy)
     request.node.user_properties.append(("seed", seed))
     print(f"random seed: {seed}")
     return np.random.default_rng(seed)

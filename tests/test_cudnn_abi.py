@@ -5,7 +5,7 @@ cuDNN version, no exports but the entry point, the no-GPU reason and errors, cuD
 without a preload); with a CUDA device it also plans real convolutions (algorithm ids,
 flags, workspace limit, capabilities per compute capability). What every shim owes the
 header is in test_shim_abi.py (FLUX_DNN_CUDNN_SHIM puts this shim there too); the
-conformance of the numbers is in test_cudnn_gpu.py.
+conformance of the numbers is in tests/conformance/ (its CUDA backends).
 """
 
 from __future__ import annotations

@@ -1,0 +1,313 @@
+"""The array libraries the conformance suite feeds to flux_dnn, one small class each.
+
+A library serves one DLPack device type (NumPy the CPU; CuPy CUDA; PyTorch and JAX either,
+as two entries). Each class turns float64 NumPy values into its own arrays of a dtype and
+memory layout, reads results back as float64 NumPy, and says why it cannot run here (not
+installed, no device, no such dtype) so that a test skips with that reason. Nothing here
+knows about shims."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+
+import numpy as np
+
+CPU, CUDA = 1, 2  # DLPack device types
+LAYOUTS = ("contiguous", "channels_last")
+
+
+def _channels_last_perm(ndim: int) -> tuple:
+    """(to (N, *spatial, C), back to (N, C, *spatial))."""
+    return (0, *range(2, ndim), 1), (0, ndim - 1, *range(1, ndim - 1))
+
+
+class ArrayLibrary:
+    name = ""  # the module's name
+    device_type = CPU
+    #: whether flux_dnn may write into an existing array of this library (out=)
+    writable = True
+    #: whether its arrays have strides of their own (channels-last, views with gaps)
+    strided = True
+
+    def __init__(self):
+        self.module = None
+
+    # -- availability ------------------------------------------------------------------
+    def unavailable(self):
+        """None, or why this library cannot hold arrays of its device here."""
+        if importlib.util.find_spec(self.name) is None:
+            return f"{self.name} is not installed"
+        return None
+
+    def load(self):
+        if self.module is None:
+            self.module = importlib.import_module(self.name)
+        return self
+
+    def missing_dtype(self, dtype: str):
+        """None, or why this library has no arrays of `dtype` here."""
+        return None
+
+    def missing_layout(self, layout: str):
+        if layout != "contiguous" and not self.strided:
+            return f"{self.name} arrays carry no strides (the library picks their layout)"
+        return None
+
+    def context(self):
+        """Entered around each test (JAX's float64 switch)."""
+        return contextlib.nullcontext()
+
+    # -- arrays ------------------------------------------------------------------------
+    def array(self, values, dtype: str, layout: str = "contiguous"):
+        """values (float64 NumPy, exact in `dtype`) as this library's array."""
+        raise NotImplementedError
+
+    def numpy(self, a) -> np.ndarray:
+        """An array of this library as float64 NumPy."""
+        raise NotImplementedError
+
+    def nan(self, shape, dtype: str, layout: str = "contiguous"):
+        """A poisoned output: every element NaN, so any element a call leaves unwritten shows."""
+        return self.array(np.full(shape, np.nan), dtype, layout)
+
+    def is_array(self, a) -> bool:
+        raise NotImplementedError
+
+    def dtype_name(self, a) -> str:
+        return str(a.dtype).replace("torch.", "")
+
+    def element_strides(self, a):
+        """Strides in elements, or None when the library does not expose them."""
+        return None
+
+    def stream(self):
+        """A context manager that makes a stream other than the default current, or None."""
+        return None
+
+    def synchronize(self):
+        pass
+
+    def source(self, shape: tuple, dtype: str) -> str:
+        """Python source that builds an array of ones of this library (for subprocess tests)."""
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------------------
+    def has_layout(self, a, layout: str) -> bool:
+        """Whether a's strides are those of `layout` (dims of size 1 may have any stride)."""
+        strides = self.element_strides(a)
+        if strides is None:
+            return True
+        order = _channels_last_perm(len(a.shape))[0] if layout == "channels_last" else range(len(a.shape))
+        expected, step = [0] * len(a.shape), 1
+        for d in reversed(list(order)):
+            expected[d] = step
+            step *= a.shape[d]
+        return all(s == 1 or x == y for s, x, y in zip(a.shape, strides, expected))
+
+    def __repr__(self):
+        return f"{self.name}[{'CPU' if self.device_type == CPU else 'CUDA'}]"
+
+
+def numpy_dtype(name: str):
+    """The NumPy dtype of an ABI dtype name (bfloat16 is ml_dtypes')."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+class NumpyLibrary(ArrayLibrary):
+    name = "numpy"
+
+    def missing_dtype(self, dtype):
+        if dtype == "bfloat16" and importlib.util.find_spec("ml_dtypes") is None:
+            return "NumPy's bfloat16 comes from ml_dtypes, which is not installed"
+        return None
+
+    def array(self, values, dtype, layout="contiguous"):
+        a = np.asarray(values).astype(numpy_dtype(dtype))
+        if layout == "channels_last":  # (not ascontiguousarray: it keeps odd strides of size-1 dims)
+            to, back = _channels_last_perm(a.ndim)
+            buf = np.empty([a.shape[d] for d in to], a.dtype)
+            buf[...] = a.transpose(to)
+            a = buf.transpose(back)
+        return a
+
+    def numpy(self, a):
+        return np.asarray(a).astype(np.float64)
+
+    def is_array(self, a):
+        return isinstance(a, np.ndarray)
+
+    def dtype_name(self, a):
+        return a.dtype.name
+
+    def element_strides(self, a):
+        return tuple(s // a.itemsize for s in a.strides)
+
+    def source(self, shape, dtype):
+        return f"__import__('numpy').ones({shape!r}, {dtype!r})"
+
+
+class TorchLibrary(ArrayLibrary):
+    name = "torch"
+
+    def __init__(self, device_type=CPU):
+        super().__init__()
+        self.device_type = device_type
+        self.device = "cpu" if device_type == CPU else "cuda"
+
+    def unavailable(self):
+        reason = super().unavailable()
+        if reason is None and self.device_type == CUDA:
+            self.load()
+            if not self.module.cuda.is_available():
+                return "no CUDA device: torch sees none"
+        return reason
+
+    def array(self, values, dtype, layout="contiguous"):
+        torch = self.module
+        # (a copy: torch.from_numpy alone would share the caller's values, which a test
+        # still needs after flux_dnn has written into the tensor)
+        a = torch.from_numpy(np.array(values, dtype=np.float64)).to(self.device, getattr(torch, dtype))
+        if layout == "channels_last":  # (not .contiguous(): it keeps odd strides of size-1 dims)
+            to, back = _channels_last_perm(a.ndim)
+            a = a.new_empty([a.shape[d] for d in to]).copy_(a.permute(*to)).permute(*back)
+        return a
+
+    def numpy(self, a):
+        return a.detach().to(self.module.float64).cpu().numpy()
+
+    def is_array(self, a):
+        return isinstance(a, self.module.Tensor) and a.device.type == self.device
+
+    def element_strides(self, a):
+        return tuple(a.stride())
+
+    def stream(self):
+        if self.device_type == CPU:
+            return None
+        return self.module.cuda.stream(self.module.cuda.Stream())
+
+    def synchronize(self):
+        if self.device_type == CUDA:
+            self.module.cuda.synchronize()
+
+    def source(self, shape, dtype):
+        return f"__import__('torch').ones({shape!r}, dtype=__import__('torch').{dtype}, device={self.device!r})"
+
+
+class CupyLibrary(ArrayLibrary):
+    name = "cupy"
+    device_type = CUDA
+
+    def unavailable(self):
+        reason = super().unavailable()
+        if reason is None:
+            self.load()
+            try:
+                if self.module.cuda.runtime.getDeviceCount() == 0:
+                    return "no CUDA device: CuPy sees none"
+            except Exception as exc:  # CUDA runtime missing or no driver
+                return f"no CUDA device: CuPy says {exc}"
+        return reason
+
+    def missing_dtype(self, dtype):
+        return "CuPy has no bfloat16" if dtype == "bfloat16" else None
+
+    def array(self, values, dtype, layout="contiguous"):
+        cp = self.module
+        a = cp.asarray(np.ascontiguousarray(values, dtype=np.float64).astype(dtype))
+        if layout == "channels_last":  # (not ascontiguousarray: it keeps odd strides of size-1 dims)
+            to, back = _channels_last_perm(a.ndim)
+            buf = cp.empty([a.shape[d] for d in to], a.dtype)
+            buf[...] = a.transpose(to)
+            a = buf.transpose(back)
+        return a
+
+    def numpy(self, a):
+        return self.module.asnumpy(a).astype(np.float64)
+
+    def is_array(self, a):
+        return isinstance(a, self.module.ndarray)
+
+    def dtype_name(self, a):
+        return a.dtype.name
+
+    def element_strides(self, a):
+        return tuple(s // a.itemsize for s in a.strides)
+
+    def stream(self):
+        return self.module.cuda.Stream(non_blocking=True)
+
+    def synchronize(self):
+        self.module.cuda.get_current_stream().synchronize()
+        self.module.cuda.Device().synchronize()
+
+    def source(self, shape, dtype):
+        return f"__import__('cupy').ones({shape!r}, {dtype!r})"
+
+
+class JaxLibrary(ArrayLibrary):
+    """JAX arrays are immutable and carry no strides: no out=, contiguous layout only.
+    float64 needs JAX's x64 mode, switched on around each test (jax.enable_x64)."""
+
+    name = "jax"
+    writable = False
+    strided = False
+
+    def __init__(self, device_type=CPU):
+        super().__init__()
+        self.device_type = device_type
+        self.platform = "cpu" if device_type == CPU else "gpu"
+
+    def unavailable(self):
+        reason = super().unavailable()
+        if reason is None:
+            self.load()
+            try:
+                self._device = self.module.devices(self.platform)[0]
+            except RuntimeError as exc:
+                return f"no JAX {self.platform.upper()} device: {exc}"
+        return reason
+
+    def context(self):
+        return self.module.enable_x64(True)
+
+    def array(self, values, dtype, layout="contiguous"):
+        assert layout == "contiguous", "JAX arrays have no layout of their own"
+        host = np.asarray(values).astype(numpy_dtype(dtype))
+        return self.module.device_put(host, self._device)
+
+    def numpy(self, a):
+        return np.asarray(a).astype(np.float64)
+
+    def is_array(self, a):
+        return isinstance(a, self.module.Array)
+
+    def source(self, shape, dtype):
+        return f"__import__('jax').numpy.ones({shape!r}, {dtype!r})"
+
+
+# Which libraries a test concerns (matrix(where=...)); the docstring completes "a library ...".
+def on_cpu(lib) -> bool:
+    """on the CPU"""
+    return lib.device_type == CPU
+
+
+def off_cpu(lib) -> bool:
+    """on a device other than the CPU (with streams of its own)"""
+    return lib.device_type != CPU
+
+
+def with_strides(lib) -> bool:
+    """whose arrays have strides (views with gaps, channels-last)"""
+    return lib.strided
+
+
+def all_libraries() -> list:
+    """Every library the suite knows, one entry per device type it can hold."""
+    return [NumpyLibrary(), TorchLibrary(CPU), JaxLibrary(CPU), TorchLibrary(CUDA), CupyLibrary(), JaxLibrary(CUDA)]
