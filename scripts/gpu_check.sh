@@ -51,7 +51,7 @@ step "tests: ABI, discovery, GPU conformance (every CUDA array library: torch, C
 # conformance suite's GPU part is its backends on devices other than the CPU (-m accelerator).
 timeout 120 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -W default -rfs \
   --junitxml="$LOGS/pytest.xml" \
-  tests/test_cudnn_abi.py tests/test_cudnn.py \
+  tests/abi tests/test_cudnn.py \
   > "$LOGS/pytest.txt" 2>&1
 test_rc=$?
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -W default -rfs \

@@ -15,9 +15,9 @@ import pathlib
 import numpy as np
 import pytest
 
-import fdnn_ctypes as F
 import reference as ref
-from fdnn_ctypes import ABI
+from abi import fdnn_ctypes as F
+from abi.fdnn_ctypes import ABI
 
 FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT = ABI.CONV_FORWARD, ABI.CONV_BACKWARD_DATA, ABI.CONV_BACKWARD_WEIGHT
 ACTIVATIONS = {name.lower(): value for name, value in ABI.group("ACTIVATION_").items() if name != "NONE"}
@@ -242,7 +242,7 @@ def conv_case(shim, rng, op, dtype, nd, *, N=2, C=4, K=6, size=7, groups=2, g=No
 
 
 # ---------------------------------------------------------------------------------------------
-# The table, info, capabilities (what every shim owes the header: test_shim_abi.py)
+# The table, info, capabilities (what every shim owes the header: tests/abi/test_abi.py)
 
 
 def test_table_and_info(shim):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import flux_dnn
-from fdnn_ctypes import ABI
+from abi.fdnn_ctypes import ABI
 
 cuda13 = pytest.importorskip(
     "flux_dnn_cuda13", reason="flux-dnn-cuda13 is not installed (pip install packaging/flux-dnn-cuda13)")

@@ -1,0 +1,169 @@
+"""What only the cuDNN shim does, through its C table with ctypes (below the core).
+
+What every shim owes the header, the cuDNN shim included (with a GPU or without: then it
+must load and say why not), is in test_abi.py. Here: its names and cuDNN versions, its
+no-GPU reason, cuDNN found beside it without a preload; with a CUDA device, real plans
+(algorithm ids, flags, workspace limit, capabilities per compute capability). The numbers it
+computes are the conformance suite's."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from . import fdnn_ctypes as F
+from .fdnn_ctypes import ABI, DeviceDescribeArgs, Shim, ShimInfoArgs, conv_args, new, tensor
+from .shims import open_shim
+
+OPS = (ABI.CONV_FORWARD, ABI.CONV_BACKWARD_DATA, ABI.CONV_BACKWARD_WEIGHT)
+
+
+@pytest.fixture(scope="module")
+def cudnn(tmp_path_factory) -> Shim:
+    return open_shim("cudnn", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def info(cudnn) -> ShimInfoArgs:
+    return cudnn.info()
+
+
+def has_device(info) -> bool:
+    return info.unavailable_reason is None and info.num_devices > 0
+
+
+def test_cudnn_reads_weights_as_they_are(cudnn):
+    assert not cudnn.api.Conv_Plan_Pack_Weights  # nothing to pack
+
+
+def test_info_names_cudnn_and_its_versions(info):
+    assert (info.shim_name, info.vendor_name) == (b"cudnn", b"cuDNN")
+    assert info.device_type == ABI.DEVICE_CUDA
+    assert info.priority == ABI.PRIORITY_VENDOR
+    assert re.fullmatch(rb"9\.\d+\.\d+", info.vendor_version_built)
+    # The nvidia-cudnn-cu13 wheel is a dependency of the shim's wheel: it must be found.
+    assert re.fullmatch(rb"9\.\d+\.\d+", info.vendor_version_runtime), info.unavailable_reason
+
+
+def test_info_says_why_not_without_a_gpu(info):
+    if has_device(info):
+        pytest.skip("a CUDA device is present")
+    reason = info.unavailable_reason.decode()
+    assert ("no NVIDIA driver found" in reason or "no CUDA device" in reason
+            or "driver is too old" in reason), reason
+
+
+def test_finds_cudnn_without_preload_or_library_path(cudnn):
+    """A fresh process, no preload, no LD_LIBRARY_PATH: the shim finds the cuDNN wheel
+    installed beside it (site-packages/nvidia/cudnn/lib)."""
+    if "site-packages" not in cudnn.path:
+        pytest.skip("shim not installed from its wheel")
+    tests = pathlib.Path(__file__).resolve().parent.parent
+    code = ("import sys; sys.path.insert(0, sys.argv[2]); from abi.fdnn_ctypes import Shim; "
+            "print(Shim(sys.argv[1]).info().vendor_version_runtime.decode())")
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([sys.executable, "-c", code, cudnn.path, str(tests)],
+                         capture_output=True, text=True, env=env, check=True)
+    assert re.fullmatch(r"9\.\d+\.\d+", out.stdout.strip()), out
+
+
+# ---- with a CUDA device ----------------------------------------------------------------
+
+def _gpu(info):
+    if not has_device(info):
+        pytest.skip(f"no CUDA device: {info.unavailable_reason.decode()}")
+
+
+def _small_problem(**kw):
+    x, w, y = tensor([2, 4, 8, 8]), tensor([6, 4, 3, 3]), tensor([2, 6, 8, 8])
+    return conv_args(x, w, y, padding=1, **kw)
+
+
+def _with(op, **fields):
+    args = _small_problem(op=op)
+    for k, v in fields.items():
+        setattr(args, {"policy": "algo_policy"}.get(k, k), v)
+    return args
+
+
+def _plan(shim, args):
+    error = shim.call("Conv_Plan_Create", args)
+    assert error is None, error
+    result = (args.workspace_size, args.chosen_algo_id, args.algo_name.decode())
+    shim.destroy(args.plan)
+    return result
+
+
+def _compute_capability(shim) -> int:
+    args = new(DeviceDescribeArgs, device_id=0)
+    assert shim.call("Device_Describe", args) is None
+    return int(re.search(rb"\(sm_(\d+)\)$", args.name).group(1))
+
+
+def test_device_name_has_the_sm_version(cudnn, info):
+    _gpu(info)
+    args = new(DeviceDescribeArgs, device_id=0)
+    assert cudnn.call("Device_Describe", args) is None
+    assert re.search(rb"\(sm_\d+\)$", args.name), args.name
+
+
+@pytest.mark.parametrize("dtype", sorted(F.DTYPES))
+def test_capabilities_follow_the_compute_capability(cudnn, info, dtype):
+    """bfloat16 and TF32 from sm_80 on; everything else on every GPU cuDNN 9 serves."""
+    _gpu(info)
+    ampere = _compute_capability(cudnn) >= 80
+    caps = cudnn.capabilities(ABI.CONV_FORWARD, F.DTYPES[dtype])
+    assert not isinstance(caps, tuple), caps
+    computed = dtype != "bfloat16" or ampere
+    assert caps.support == (ABI.SUPPORT_NATIVE if computed else ABI.SUPPORT_NONE), caps.detail
+    reduced = dtype in ("float16", "bfloat16") or (dtype == "float32" and ampere)
+    assert bool(caps.features & ABI.FEATURE_REDUCED_PRECISION) == (reduced and computed)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_given_id_reproduces_the_choice(cudnn, info, op):
+    _gpu(info)
+    for policy in (ABI.ALGO_HEURISTIC, ABI.ALGO_BENCHMARK):
+        ws, algo, name = _plan(cudnn, _with(op, policy=policy))
+        ws2, algo2, name2 = _plan(cudnn, _with(op, policy=ABI.ALGO_GIVEN, algo_id=algo))
+        assert algo2 == algo and ws2 == ws
+        assert name2.split(" (")[0] == name.split(" (")[0]
+
+
+def test_stale_algo_id_is_refused(cudnn, info):
+    _gpu(info)
+    code, message = cudnn.call("Conv_Plan_Create", _with(ABI.CONV_FORWARD, policy=ABI.ALGO_GIVEN,
+                                                        algo_id=(9999 << 16) | 0))
+    assert code == "INVALID_ARGUMENT" and "algo id" in message and "conv2d" in message
+
+
+def test_workspace_limit_zero_is_honoured(cudnn, info):
+    _gpu(info)
+    ws, _, _ = _plan(cudnn, _with(ABI.CONV_FORWARD, workspace_limit=0))
+    assert ws == 0
+
+
+def test_deterministic_excludes_nondeterministic_engines(cudnn, info):
+    _gpu(info)
+    for op in OPS:
+        _, _, name = _plan(cudnn, _with(op, flags=ABI.CONV_DETERMINISTIC, policy=ABI.ALGO_BENCHMARK))
+        assert "nondeterministic" not in name
+
+
+def test_fp32_without_reduced_precision_avoids_tensor_cores(cudnn, info):
+    _gpu(info)
+    _, _, name = _plan(cudnn, _with(ABI.CONV_FORWARD, flags=0))
+    assert "tensor-core" not in name
+
+
+def test_bad_shape_names_the_parameters(cudnn, info):
+    _gpu(info)
+    x, w, y = tensor([2, 4, 8, 8]), tensor([6, 4, 3, 3]), tensor([2, 6, 7, 7])
+    code, message = cudnn.call("Conv_Plan_Create", conv_args(x, w, y, padding=1))
+    assert code == "INVALID_ARGUMENT"
+    assert "spatial dim 0 of y is 7" in message and "x=[2,4,8,8]" in message
