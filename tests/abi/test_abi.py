@@ -12,6 +12,7 @@ error object (fdnn_ctypes.error_problems) before it is destroyed."""
 from __future__ import annotations
 
 import ctypes as C
+import os
 import shutil
 import subprocess
 import sys
@@ -26,11 +27,10 @@ from flux_dnn import _core
 from . import fdnn_ctypes as F
 from .fdnn_ctypes import ABI
 from .problems import ACTIVATIONS, OPS, Problem, check_result, plan, run_and_check
-from .shims import INCLUDE_DIR, compile_fake
+from .shims import INCLUDE_DIR, SOURCES, compile_fake
 
 FEATURES = ABI.group("FEATURE_")
-ERROR_CODES = set(ABI.group("ERROR_").values())
-# A dtype of each kind the header names, and two it does not compute anywhere.
+# The ABI's four dtypes, and two DLPack dtypes a shim may or may not compute.
 ALL_DTYPES = dict(F.DTYPES, int32=(ABI.DTYPE_INT, 32), float8=(ABI.DTYPE_FLOAT, 8))
 
 
@@ -133,6 +133,15 @@ def test_a_table_of_another_major_is_refused(tmp_path, major):
         _core.load_shim(library)
     with pytest.raises(OSError, match=rf"has ABI {major}\."):
         F.Shim(library)
+
+
+def test_the_suite_checks_every_shim_flux_dnn_knows():
+    """Every shim the installed packages register, as flux_dnn lists them, is one the suite
+    checks (or skips with why it has no library)."""
+    if os.environ.get("FLUX_DNN_SHIMS"):
+        pytest.skip("FLUX_DNN_SHIMS pins which shims flux_dnn lists")
+    listed = {s.name for s in flux_dnn.shims(load=False)}
+    assert listed <= set(SOURCES), listed - set(SOURCES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,11 +322,14 @@ OUT_FIELDS = {"Shim_Info": ("shim_name", "shim_version", "device_type", "num_dev
 @pytest.mark.parametrize("function", sorted(F.ARGS_OF))
 def test_a_newer_callers_struct_and_extensions_are_accepted(shim, function):
     """A larger struct_size and unknown extensions change nothing: the same answer (or the
-    same error) as the header's own struct; a plan made so executes and is right."""
+    same error) as the header's own struct; what it computes so is right."""
     args, problem, cleanup = _valid_args(shim, function)
     try:
         newer = _newer(args)
-        error, expected = shim.call(function, newer), shim.call(function, args)
+        error = shim.call(function, newer)
+        if function == "Conv_Plan_Execute" and error is None:
+            check_result(problem)  # the first execution: into the poisoned output
+        expected = shim.call(function, args)
         assert (error and error[0]) == (expected and expected[0]), (error, expected)
         for field in OUT_FIELDS.get(function, ()):
             assert getattr(newer, field) == getattr(args, field), field
@@ -328,8 +340,6 @@ def test_a_newer_callers_struct_and_extensions_are_accepted(shim, function):
             if problem.cpu:
                 assert shim.call("Conv_Plan_Execute", problem.execute_args(handle, newer.workspace_size)) is None
                 check_result(problem)
-        if function == "Conv_Plan_Execute" and error is None:
-            check_result(problem)
         if function == "Conv_Plan_Pack_Weights" and error is None:
             for packed in (newer.packed_plan, args.packed_plan):
                 cleanup.append(lambda packed=packed: shim.destroy(packed))
@@ -341,24 +351,22 @@ def test_a_newer_callers_struct_and_extensions_are_accepted(shim, function):
 @pytest.mark.parametrize("function", sorted(F.VOID_ARGS_OF))
 def test_a_newer_callers_struct_for_the_void_functions(shim, function):
     """Error_Describe, Error_Destroy and Plan_Destroy with a newer caller's struct: the same
-    description; the error and plan freed (nothing to see but no crash, and under a leak
-    checker no leak)."""
-    error = raw_error(shim, "Shim_Info", F.ShimInfoArgs(struct_size=0))
+    description; the error or plan freed (nothing to see here but no crash; a leak checker
+    would see a leak)."""
     if function == "Plan_Destroy":
-        shim.call_void("Error_Destroy", F.new(F.ErrorDestroyArgs, error=error))
-        args, _, _ = _valid_args(shim, "Plan_Destroy")
+        args, _, _ = _valid_args(shim, "Plan_Destroy")  # a plan where the shim can make one
         shim.call_void("Plan_Destroy", _newer(args))
         return
-    described = F.new(F.ErrorDescribeArgs, error=error)
-    shim.call_void("Error_Describe", described)
-    if function == "Error_Describe":
-        newer = _newer(F.new(F.ErrorDescribeArgs, error=error))
-        shim.call_void("Error_Describe", newer)
-        assert (newer.code, newer.message, newer.message_size) == (
-            described.code, described.message, described.message_size)
-        shim.call_void("Error_Destroy", F.new(F.ErrorDestroyArgs, error=error))
-    else:
+    error = raw_error(shim, "Shim_Info", F.ShimInfoArgs(struct_size=0))
+    if function == "Error_Destroy":
         shim.call_void("Error_Destroy", _newer(F.new(F.ErrorDestroyArgs, error=error)))
+        return
+    described, newer = F.new(F.ErrorDescribeArgs, error=error), _newer(F.new(F.ErrorDescribeArgs, error=error))
+    shim.call_void("Error_Describe", described)
+    shim.call_void("Error_Describe", newer)
+    shim.call_void("Error_Destroy", F.new(F.ErrorDestroyArgs, error=error))
+    assert (newer.code, newer.message, newer.message_size) == (described.code, described.message,
+                                                               described.message_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,6 +579,51 @@ def test_each_feature_is_served_as_reported(shim, op, dtype, feature):
         shim.destroy(plan(shim, p)[0])
 
 
+def _sampled_problem(index: int) -> dict:
+    """Problem options drawn from every axis capabilities speak of (op, dtype, rank, groups,
+    dilation, alpha/beta, activation, bias gradient, the deterministic flag), fixed by index."""
+    rng = np.random.default_rng(1000 + index)
+    op = str(rng.choice(sorted(OPS)))
+    pick = lambda *values: values[rng.integers(len(values))]  # noqa: E731
+    return dict(op=op, dtype=pick(*F.DTYPES), rank=pick(1, 2, 3), groups=pick(1, 2), dilation=pick(1, 1, 2),
+                stride=pick(1, 2), alpha=pick(1.0, 1.0, 0.5), beta=pick(0.0, 0.0, 0.25),
+                activation=pick("none", *ACTIVATIONS) if op == "forward" else "none",
+                bias=op != "backward_data" and pick(False, True),
+                flags=pick(0, 0, ABI.CONV_DETERMINISTIC), seed=index)
+
+
+def _covered(caps, kw) -> bool:
+    """Whether capabilities cover a problem: what plan creation must then accept."""
+    if caps.support == ABI.SUPPORT_NONE:
+        return False
+    asks = {"GROUPS": kw["groups"] > 1, "DILATION": kw["dilation"] > 1,
+            "ALPHA_BETA": kw["alpha"] != 1 or kw["beta"] != 0,
+            "BIAS_GRADIENT": kw["op"] == "backward_weight" and kw["bias"],
+            "DETERMINISTIC": bool(kw["flags"] & ABI.CONV_DETERMINISTIC)}
+    return (bool(caps.spatial_ranks & (1 << kw["rank"])) and bool(caps.activations & (1 << ACTIVATIONS[kw["activation"]]))
+            and all(caps.features & FEATURES[name] for name, asked in asks.items() if asked))
+
+
+@pytest.mark.parametrize("index", range(24))
+def test_plan_creation_accepts_exactly_what_capabilities_cover(shim, index):
+    """Both directions, on problems that mix the axes: a covered problem is planned (and on a
+    CPU shim computed right), one not covered is UNSUPPORTED, nothing written."""
+    usable(shim)
+    kw = _sampled_problem(index)
+    caps = shim.capabilities(OPS[kw["op"]], F.DTYPES[kw["dtype"]])
+    assert not isinstance(caps, tuple), caps
+    p = Problem(shim, **kw)
+    if not _covered(caps, kw):
+        p.args.plan = 12345
+        error = shim.call("Conv_Plan_Create", p.args)
+        assert error is not None and error[0] == "UNSUPPORTED", (kw, error)
+        assert p.args.plan == 12345
+    elif p.cpu:
+        run_and_check(shim, p)
+    else:
+        shim.destroy(plan(shim, p)[0])
+
+
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_pack_weights_as_reported(shim, op):
     caps = served(shim, OPS[op], "float32")
@@ -696,7 +749,8 @@ def test_execute_refuses_a_pointer_not_aligned_to_the_element(shim, pointer):
     p = Problem(shim, bias=True)
     handle, size = plan(shim, p)
     try:
-        error = shim.call("Conv_Plan_Execute", p.execute_args(handle, size, **{pointer: p.arrays[pointer].ctypes.data + 1}))
+        misaligned = {pointer: p.arrays[pointer].ctypes.data + 1}
+        error = shim.call("Conv_Plan_Execute", p.execute_args(handle, size, **misaligned))
         assert error is not None and error[0] == "INVALID_ARGUMENT", error
         assert pointer in error[1] and "aligned" in error[1], error
         assert np.isnan(p.arrays["y"]).all()  # nothing written
