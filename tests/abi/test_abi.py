@@ -583,8 +583,11 @@ def _sampled_problem(index: int) -> dict:
     """Problem options drawn from every axis capabilities speak of (op, dtype, rank, groups,
     dilation, alpha/beta, activation, bias gradient, the deterministic flag), fixed by index."""
     rng = np.random.default_rng(1000 + index)
-    op = str(rng.choice(sorted(OPS)))
-    pick = lambda *values: values[rng.integers(len(values))]  # noqa: E731
+
+    def pick(*values):
+        return values[rng.integers(len(values))]
+
+    op = pick(*OPS)
     return dict(op=op, dtype=pick(*F.DTYPES), rank=pick(1, 2, 3), groups=pick(1, 2), dilation=pick(1, 1, 2),
                 stride=pick(1, 2), alpha=pick(1.0, 1.0, 0.5), beta=pick(0.0, 0.0, 0.25),
                 activation=pick("none", *ACTIVATIONS) if op == "forward" else "none",
@@ -600,7 +603,8 @@ def _covered(caps, kw) -> bool:
             "ALPHA_BETA": kw["alpha"] != 1 or kw["beta"] != 0,
             "BIAS_GRADIENT": kw["op"] == "backward_weight" and kw["bias"],
             "DETERMINISTIC": bool(kw["flags"] & ABI.CONV_DETERMINISTIC)}
-    return (bool(caps.spatial_ranks & (1 << kw["rank"])) and bool(caps.activations & (1 << ACTIVATIONS[kw["activation"]]))
+    return (bool(caps.spatial_ranks & (1 << kw["rank"]))
+            and bool(caps.activations & (1 << ACTIVATIONS[kw["activation"]]))
             and all(caps.features & FEATURES[name] for name, asked in asks.items() if asked))
 
 
