@@ -25,14 +25,15 @@ from typing import Callable, Optional
 
 import pytest
 
+import flux_dnn
 from flux_dnn import _core
 
 from . import fdnn_ctypes as F
 
-TESTS = pathlib.Path(__file__).resolve().parent.parent
-FAKE_SOURCE = TESTS / "fake_shim.c"
-INCLUDE_DIR = TESTS.parent / "csrc" / "include"
-ENTRY_POINT_GROUP = "flux_dnn.shims"
+FAKE_SOURCE = pathlib.Path(__file__).resolve().parent.parent / "fake_shim.c"
+# The header of the installed flux_dnn, the one its _core and shims were built from.
+INCLUDE_DIR = pathlib.Path(flux_dnn.get_include())
+ENTRY_POINT_GROUP = "flux_dnn.shims"  # the plug-in contract: where every package registers its shims
 
 
 @dataclasses.dataclass(frozen=True)
