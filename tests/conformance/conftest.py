@@ -60,7 +60,6 @@ FEATURES = (
     "reduced_precision",
 )
 #: What ABI 1.2 asks of every shim, so what a 1.2 shim claims without saying so.
-ABI_1_2_FEATURES = frozenset({"groups", "dilation", "alpha_beta", "bias_gradient", "deterministic", "benchmark"})
 
 
 # ------------------------------------------------------------------------------------------
@@ -78,7 +77,6 @@ class Capability:
     detail: str  #: the shim's words: how, or why not
     #: False for an ABI 1.2 shim, which reports only how it computes a dtype: the rest is
     #: what ABI 1.2 requires of every shim, and nothing optional is known.
-    reported: bool = True
 
     @property
     def computes(self) -> bool:
@@ -90,29 +88,17 @@ def _bits(mask: int, codes: dict) -> frozenset:
 
 
 def shim_capabilities(shim, op: int, dtype: str, device_id: int = 0) -> Capability:
-    """What `shim` (a loaded ``_core.Shim``) says it does for ABI `op` and `dtype`: the one
-    place the suite asks a shim (ABI 2.0's Conv_Capabilities, or ABI 1.2's dtype support)."""
-    if hasattr(shim, "capabilities"):  # ABI 2.0
-        raw = shim.capabilities(op, dtype, device_id)
-        support = {_core.SUPPORT_NATIVE: "native", _core.SUPPORT_CONVERTED: "converted"}.get(raw["support"], "none")
-        features = frozenset(name for name in FEATURES if raw["features"] & getattr(_core, "FEATURE_" + name.upper()))
-        return Capability(
-            support,
-            frozenset(r for r in RANKS if raw["spatial_ranks"] & (1 << r)),
-            _bits(raw["activations"], ACTIVATION_CODES),
-            features,
-            raw["detail"] or "",
-        )
-    how, detail = shim.dtype_support(dtype, device_id)
-    support = {_core.DTYPE_SUPPORT_NONE: "none", _core.DTYPE_SUPPORT_CONVERTED: "converted"}.get(how, "native")
-    claimed = support != "none"
+    """What `shim` (a loaded ``_core.Shim``) says it does for ABI `op` and `dtype` (ABI 2.0's
+    Conv_Capabilities): the one place the suite asks a shim."""
+    raw = shim.capabilities(op, dtype, device_id)
+    support = {_core.SUPPORT_NATIVE: "native", _core.SUPPORT_CONVERTED: "converted"}.get(raw["support"], "none")
+    features = frozenset(name for name in FEATURES if raw["features"] & getattr(_core, "FEATURE_" + name.upper()))
     return Capability(
         support,
-        frozenset(RANKS) if claimed else frozenset(),
-        frozenset(ACTIVATION_CODES) if claimed else frozenset(),
-        ABI_1_2_FEATURES if claimed else frozenset(),
-        detail or "",
-        reported=False,
+        frozenset(RANKS) & frozenset(raw["spatial_ranks"]),
+        _bits(raw["activations"], ACTIVATION_CODES),
+        features,
+        raw["detail"] or "",
     )
 
 

@@ -84,8 +84,6 @@ def test_plan_reports_packing_as_claimed(backend, rng):
     """A plan packs its weights exactly when the shim claims packing (ABI 2.0 reports it)."""
     dtype = backend.some_dtype("plan", rng)
     cap = backend.require("plan", dtype)
-    if not cap.reported:
-        pytest.skip(f"shim {backend.shim!r} predates ABI 2.0: it does not report whether it packs weights")
     g = P.draw("plan", rng, int(rng.choice(sorted(cap.ranks))), "int", cap)
     plan = P.RUNNERS["plan"](backend.lib, rng, dtype, "contiguous", g, P.Epilogue(), {}, repr(backend))
     assert plan.weights_packed == ("pack_weights" in cap.features)
