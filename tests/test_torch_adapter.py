@@ -83,6 +83,7 @@ TRANSPOSE_CASES = [
     (1, 2, 4, 6, (7,), (3,), 2, 1, 1, 1, 2, True),
     (2, 2, 3, 4, (5, 6), (3, 3), 2, 1, (1, 0), 1, 1, True),
     (2, 1, 2, 2, (4, 4), (3, 3), 1, 1, 1, 2, 1, False),  # output_padding >= stride (< dilation)
+    (2, 2, 2, 4, (4, 5), (3, 2), 1, 0, 1, 2, 2, True),  # the same without padding: a last row no window reaches
     (3, 1, 2, 3, (3, 4, 3), (2, 3, 2), (2, 1, 2), (0, 1, 0), 0, 1, 1, True),
 ]
 

@@ -7,34 +7,15 @@ from __future__ import annotations
 import sys
 
 from . import _core
+from ._geometry import is_channels_last  # noqa: F401 (its old home; the rule lives in _geometry)
 
-CPU = 1
-CUDA = 2
-DTYPE_BFLOAT = 4  # DLPack's dtype code for bfloat16 (kDLBfloat)
+CPU = _core.DEVICE_CPU
+CUDA = _core.DEVICE_CUDA
+DTYPE_BFLOAT = _core.DTYPE_BFLOAT  # DLPack's dtype code for bfloat16 (kDLBfloat)
 
 # What flux_dnn convolves; a NumPy array of another dtype is refused naming these.
 ACCEPTED_DTYPES = ("float64", "float32", "float16", "bfloat16")
 _ACCEPTED_TEXT = "float64, float32, float16 and bfloat16 (ml_dtypes.bfloat16 for NumPy)"
-
-
-def is_channels_last(shape: tuple, strides) -> bool:
-    """Whether element strides are channels-last (N, *spatial, C) rather than contiguous."""
-    if strides is None or len(shape) < 3:
-        return False
-
-    def compact(order):
-        out, step = [0] * len(shape), 1
-        for d in reversed(order):
-            out[d] = step
-            step *= shape[d]
-        return out
-
-    def same(a, b):  # strides of size-1 dims never matter
-        return all(s == 1 or x == y for s, x, y in zip(shape, a, b))
-
-    nd = len(shape)
-    channels_last = compact([0, *range(2, nd), 1])
-    return same(strides, channels_last) and not same(strides, compact(list(range(nd))))
 
 
 def _channels_last_empty(empty, shape, **kw):

@@ -27,33 +27,22 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from typing import NamedTuple, Sequence, Tuple
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import flux_dnn
-from flux_dnn import _conv
-from flux_dnn._conv import BACKWARD_DATA, BACKWARD_WEIGHT, FORWARD
+from flux_dnn import _core
+from flux_dnn._conv import BACKWARD_DATA, BACKWARD_WEIGHT, FORWARD, _default_flags
 from flux_dnn._discovery import DTYPES, REGISTRY
+from flux_dnn._geometry import as_ints, equivalent_convolution, geometry, kept_rows
 
 __all__ = ["conv", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_general_dilated"]
 
 _DTYPES = DTYPES  # float64 needs jax_enable_x64
-_SHIM_DEVICE = {"cpu": 1, "cuda": 2}  # JAX platform -> DLPack device type of its shim
-
-
-class _Geometry(NamedTuple):
-    """Static parameters of one convolution (hashable: a custom_vjp nondiff argument)."""
-    stride: Tuple[int, ...]
-    lo: Tuple[int, ...]
-    hi: Tuple[int, ...]
-    dilation: Tuple[int, ...]
-    groups: int
-
-    def padding(self):
-        return tuple(zip(self.lo, self.hi))
+_SHIM_DEVICE = {"cpu": _core.DEVICE_CPU, "cuda": _core.DEVICE_CUDA}  # JAX platform -> its shims' device type
 
 
 # ------------------------------------------------------------------------------------------
@@ -193,11 +182,15 @@ def _use_ffi() -> bool:
     return _BACKEND == "ffi" or (_BACKEND is None and ffi_available())
 
 
-def _shim_path(platform, dtype) -> str:
-    """The shim serving `platform`'s arrays of `dtype` (on the CPU: oneDNN, or the BLAS shim
-    for float64); loads it (and checks its ABI) if needed, raises DeviceUnavailableError with
-    the reason when it cannot work here, TypeError when no shim there computes the dtype."""
-    return REGISTRY.shim_for(_SHIM_DEVICE[platform], str(dtype)).shim.path
+def _shim_attrs(platform, dtype) -> dict:
+    """The FFI attributes naming the shim that serves `platform`'s arrays of `dtype` (on the
+    CPU: oneDNN, or the BLAS shim for float64) and the flags it asks for by default there (TF32
+    on NVIDIA, as flux_dnn.conv passes them); loads the shim (and checks its ABI) if needed,
+    raises DeviceUnavailableError with the reason when it cannot work here, TypeError when no
+    shim there computes the dtype. The device is not known when tracing: device 0 speaks for
+    the others of its type."""
+    shim = REGISTRY.shim_for(_SHIM_DEVICE[platform], str(dtype)).shim
+    return {"shim": shim.path, "flags": np.int64(_default_flags(shim, 0))}
 
 
 def _platform(*arrays):
@@ -233,8 +226,8 @@ def _ffi_run(out, a, b, attrs):
     call = jax.ffi.ffi_call(_FFI_TARGET, out, vmap_method="expand_dims")
 
     def on(platform):
-        shim = _shim_path(platform, a.dtype)
-        return lambda a, b: call(a, b, shim=shim, **attrs)
+        shim = _shim_attrs(platform, a.dtype)
+        return lambda a, b: call(a, b, **shim, **attrs)
 
     platform, default = _platform(a, b), _default_platform()
     if (platform or default) not in _ffi_state["platforms"]:
@@ -263,7 +256,7 @@ def _run(op, geo, out_shape, dtype, a, b):
     if _use_ffi():
         i64 = functools.partial(np.asarray, dtype=np.int64)
         attrs = dict(op=np.int64(op), stride=i64(geo.stride), padding_lo=i64(geo.lo), padding_hi=i64(geo.hi),
-                     dilation=i64(geo.dilation), groups=np.int64(geo.groups), flags=np.int64(0))
+                     dilation=i64(geo.dilation), groups=np.int64(geo.groups))
         return _ffi_run(out, a, b, attrs)
     # Traced arrays: judged by the default platform (jit's choice for uncommitted arrays).
     if (_platform(a, b) or _default_platform()) != "cpu":
@@ -323,27 +316,24 @@ def _conv_bwd(geo, res, dy):
 _conv_p.defvjp(_conv_fwd, _conv_bwd)
 
 
-def _equivalent_conv(out_sp, kernel, in_sp, geo):
-    """The convolution mapping a transposed convolution's output (out_sp) back onto its input
-    (in_sp): same geometry, but a smaller high padding when output_padding added whole strides
-    (the rule flux_dnn.conv_transpose follows)."""
-    hi = list(geo.hi)
-    for i in range(len(hi)):
-        while _conv.conv_output_size(out_sp[i], kernel[i], geo.stride[i], geo.dilation[i], geo.lo[i], hi[i]) > in_sp[i]:
-            hi[i] -= geo.stride[i]
-    return geo._replace(hi=tuple(hi))
-
-
 # A transposed convolution y = conv_transpose(x, w) is the backward-data op of the equivalent
-# convolution from y's shape to x's: x's gradient is that convolution of dy, and w's gradient
-# its backward-weight with input dy and output gradient x.
+# convolution from y's shape to x's (flux_dnn's rule, _geometry.equivalent_convolution): x's
+# gradient is that convolution of dy, and w's gradient its backward-weight with input dy and
+# output gradient x. Trailing rows of y that no window reaches (`trim`) are zeros in y and
+# take no part in the gradients.
+
+
+def _trimmed(a, trim):
+    return a[(slice(None), slice(None), *kept_rows(a.shape[2:], trim))] if any(trim) else a
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _transpose_p(x, w, geo, output_padding):
     shape = _probe("transpose", x.shape, w.shape, geo, output_padding)
-    cg = _equivalent_conv(shape[2:], w.shape[2:], x.shape[2:], geo)
-    return _run(BACKWARD_DATA, cg, shape, x.dtype, x, w)
+    cg, trim = equivalent_convolution(shape[2:], w.shape[2:], x.shape[2:], geo)
+    computed = (*shape[:2], *(n - t for n, t in zip(shape[2:], trim)))
+    y = _run(BACKWARD_DATA, cg, computed, x.dtype, x, w)
+    return jnp.pad(y, [(0, 0), (0, 0), *((0, t) for t in trim)]) if any(trim) else y
 
 
 def _transpose_fwd(x, w, geo, output_padding):
@@ -352,7 +342,8 @@ def _transpose_fwd(x, w, geo, output_padding):
 
 def _transpose_bwd(geo, output_padding, res, dy):
     x, w = res
-    cg = _equivalent_conv(dy.shape[2:], w.shape[2:], x.shape[2:], geo)
+    cg, trim = equivalent_convolution(dy.shape[2:], w.shape[2:], x.shape[2:], geo)
+    dy = _trimmed(dy, trim)
     return _run(FORWARD, cg, x.shape, x.dtype, dy, w), _run(BACKWARD_WEIGHT, cg, w.shape, w.dtype, dy, x)
 
 
@@ -361,14 +352,6 @@ _transpose_p.defvjp(_transpose_fwd, _transpose_bwd)
 
 # ------------------------------------------------------------------------------------------
 # Public entry points
-
-
-def _geometry(nd, w_shape, stride, padding, dilation, groups):
-    stride = _conv._ints(stride, nd, "stride", 1)
-    dilation = _conv._ints(dilation, nd, "dilation", 1)
-    lo, hi = _conv._padding(padding, nd, stride, dilation, tuple(w_shape[2:]))
-    groups = _conv._int(groups, "groups")
-    return _Geometry(tuple(stride), tuple(lo), tuple(hi), tuple(dilation), groups)
 
 
 def _add_bias(y, bias):
@@ -396,7 +379,7 @@ def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
     ``(N, C, *spatial)``, w ``(K, C/groups, *kernel)``, padding an int, ints, (lo, hi) pairs,
     ``"same"`` or ``"valid"``. Differentiable in x, w and bias."""
     x, w = _arrays(x, w)
-    geo = _geometry(x.ndim - 2, w.shape, stride, padding, dilation, groups)
+    geo = geometry(x.ndim - 2, w.shape[2:], stride, padding, dilation, groups)
     return _add_bias(_conv_p(x, w, geo), bias)
 
 
@@ -418,10 +401,8 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, group
     w ``(C_in, C_out/groups, *kernel)``. Differentiable in x, w and bias."""
     x, w = _arrays(x, w)
     nd = x.ndim - 2
-    if isinstance(padding, str):
-        raise ValueError(f"padding: a transposed convolution takes ints or (lo, hi) pairs, not {padding!r}")
-    geo = _geometry(nd, w.shape, stride, padding, dilation, groups)
-    output_padding = tuple(_conv._ints(output_padding, nd, "output_padding", 0))
+    geo = geometry(nd, w.shape[2:], stride, padding, dilation, groups, transposed=True)
+    output_padding = as_ints(output_padding, nd, "output_padding", 0)
     return _add_bias(_transpose_p(x, w, geo, output_padding), bias)
 
 

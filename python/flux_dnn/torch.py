@@ -24,8 +24,19 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 import flux_dnn
-from flux_dnn import _conv
-from flux_dnn._adapters import is_channels_last
+from flux_dnn._geometry import (
+    Geometry,
+    as_int,
+    as_ints,
+    channels_last_order,
+    compact_strides,
+    equivalent_convolution,
+    geometry,
+    is_channels_last,
+    kept_rows,
+    output_size,
+    transposed_output_sizes,
+)
 
 __all__ = [
     "conv", "conv1d", "conv2d", "conv3d",
@@ -51,21 +62,9 @@ def _empty_like_layout(like: Tensor, shape) -> Tensor:
     the same rule flux_dnn uses for the outputs it allocates."""
     shape = list(shape)
     if is_channels_last(tuple(like.shape), like.stride()) and len(shape) >= 3:
-        order = [0, *range(2, len(shape)), 1]  # N, *spatial, C from outermost to innermost
-        strides, step = [0] * len(shape), 1
-        for d in reversed(order):
-            strides[d] = step
-            step *= shape[d]
+        strides = compact_strides(shape, channels_last_order(len(shape)))
         return torch.empty_strided(shape, strides, dtype=like.dtype, device=like.device)
     return torch.empty(shape, dtype=like.dtype, device=like.device)
-
-
-def _conv_out(size, k, s, d, lo, hi):
-    return (size + lo + hi - d * (k - 1) - 1) // s + 1
-
-
-def _transpose_out(size, k, s, d, p, op):
-    return (size - 1) * s - 2 * p + d * (k - 1) + op + 1
 
 
 def _pairs(lo, hi):
@@ -87,7 +86,7 @@ def _conv_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], 
 
 
 def _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, deterministic):
-    sp = [_conv_out(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding_lo[i], padding_hi[i])
+    sp = [output_size(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding_lo[i], padding_hi[i])
           for i in range(x.dim() - 2)]
     return _empty_like_layout(_dense(x), [x.shape[0], w.shape[0], *sp])
 
@@ -137,8 +136,8 @@ def _conv_transpose_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: L
 
 
 def _conv_transpose_fake(x, w, bias, stride, padding, output_padding, dilation, groups, deterministic):
-    sp = [_transpose_out(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding[i], output_padding[i])
-          for i in range(x.dim() - 2)]
+    geo = Geometry(tuple(stride), tuple(padding), tuple(padding), tuple(dilation), groups)
+    sp = transposed_output_sizes(x.shape[2:], w.shape[2:], geo, output_padding)
     return _empty_like_layout(_dense(x), [x.shape[0], w.shape[1] * groups, *sp])
 
 
@@ -197,17 +196,6 @@ def _conv_grads(k: _Kernels, ctx, dy):
 _conv_op.register_autograd(lambda ctx, dy: _conv_grads(_OPS, ctx, dy), setup_context=_conv_setup)
 
 
-def _equivalent_conv_hi(out_sp, kernel, in_sp, stride, dilation, padding) -> List[int]:
-    """High padding of the convolution that maps a transposed convolution's output back onto
-    its input. It is ``padding`` unless output_padding >= stride added whole strides past the
-    last window, which that convolution must not read (the same rule as flux_dnn.conv_transpose)."""
-    hi = list(padding)
-    for i in range(len(hi)):
-        while _conv_out(out_sp[i], kernel[i], stride[i], dilation[i], padding[i], hi[i]) > in_sp[i]:
-            hi[i] -= stride[i]
-    return hi
-
-
 def _transpose_setup(ctx, inputs, output):
     x, w, bias, *params = inputs
     ctx.save_for_backward(x, w)
@@ -218,16 +206,19 @@ def _transpose_grads(k: _Kernels, ctx, dy):
     x, w = ctx.saved_tensors
     stride, padding, _, dilation, groups, det = ctx.params
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    hi = _equivalent_conv_hi(dy.shape[2:], w.shape[2:], x.shape[2:], stride, dilation, padding)
-    dx = dw = db = None
+    dx = dw = None
+    db = k.bwd_bias(dy) if need_b else None  # every row of y has the bias, trimmed ones too
+    # y = conv_transpose(x, w) is backward-data of the equivalent convolution from y's shape
+    # to x's (flux_dnn's rule), which reads no row it trims off y.
+    geo = Geometry(tuple(stride), tuple(padding), tuple(padding), tuple(dilation), groups)
+    conv_geo, trim = equivalent_convolution(dy.shape[2:], w.shape[2:], x.shape[2:], geo)
+    if any(trim):
+        dy = dy[(slice(None), slice(None), *kept_rows(dy.shape[2:], trim))]
+    lo, hi = list(conv_geo.lo), list(conv_geo.hi)
     if need_x:
-        dx = k.conv(dy, w, None, stride, padding, hi, dilation, groups, det)
-    if need_w:
-        # y = conv_transpose(x, w) is backward-data of a convolution from y's shape to x's,
-        # so w's gradient is that convolution's backward-weight with input dy and output grad x.
-        dw, _ = k.bwd_weight(dy, x, list(w.shape), stride, padding, hi, dilation, groups, False, det)
-    if need_b:
-        db = k.bwd_bias(dy)
+        dx = k.conv(dy, w, None, stride, lo, hi, dilation, groups, det)
+    if need_w:  # that convolution's backward-weight, with input dy and output gradient x
+        dw, _ = k.bwd_weight(dy, x, list(w.shape), stride, lo, hi, dilation, groups, False, det)
     return dx, dw, db, None, None, None, None, None, None
 
 
@@ -322,11 +313,9 @@ def _conv_nd(nd, x, w, bias, stride, padding, dilation, groups):
     if w.dim() != nd + 2:
         raise ValueError(f"w: a {nd}-D convolution expects a {nd + 2}-D weight (K, C/groups, *kernel), "
                          f"got shape {tuple(w.shape)}")
-    stride = list(_conv._ints(stride, nd, "stride", 1))
-    dilation = list(_conv._ints(dilation, nd, "dilation", 1))
-    lo, hi = _conv._padding(padding, nd, tuple(stride), tuple(dilation), tuple(w.shape[2:]))
+    geo = geometry(nd, tuple(w.shape[2:]), stride, padding, dilation, groups)
     x, w, bias = _autocast(x.device.type, x, w, bias)
-    y = _run_conv(x, w, bias, stride, list(lo), list(hi), dilation, _conv._int(groups, "groups"),
+    y = _run_conv(x, w, bias, list(geo.stride), list(geo.lo), list(geo.hi), list(geo.dilation), geo.groups,
                   _deterministic())
     return y.squeeze(0) if unbatched else y
 
@@ -359,13 +348,13 @@ def _conv_transpose_nd(nd, x, w, bias, stride, padding, output_padding, groups, 
     if w.dim() != nd + 2:
         raise ValueError(f"w: a {nd}-D transposed convolution expects a {nd + 2}-D weight "
                          f"(C_in, C_out/groups, *kernel), got shape {tuple(w.shape)}")
-    stride = list(_conv._ints(stride, nd, "stride", 1))
-    dilation = list(_conv._ints(dilation, nd, "dilation", 1))
-    padding = list(_conv._ints(padding, nd, "padding", 0))
-    output_padding = list(_conv._ints(output_padding, nd, "output_padding", 0))
+    stride = list(as_ints(stride, nd, "stride", 1))
+    dilation = list(as_ints(dilation, nd, "dilation", 1))
+    padding = list(as_ints(padding, nd, "padding", 0))
+    output_padding = list(as_ints(output_padding, nd, "output_padding", 0))
     x, w, bias = _autocast(x.device.type, x, w, bias)
-    y = _run_conv_transpose(x, w, bias, stride, padding, output_padding, dilation,
-                            _conv._int(groups, "groups"), _deterministic())
+    y = _run_conv_transpose(x, w, bias, stride, padding, output_padding, dilation, as_int(groups, "groups"),
+                            _deterministic())
     return y.squeeze(0) if unbatched else y
 
 
