@@ -4,6 +4,7 @@ Each library keeps to its own small class; unknown libraries go through the arra
 
 from __future__ import annotations
 
+import operator
 import sys
 
 from . import _core
@@ -29,6 +30,8 @@ class ArrayAPIAdapter:
     """Any array with __dlpack__ and the array API (__array_namespace__)."""
 
     name = "array-api"
+    #: export(a) is a itself: the core takes such arrays as they are (through __dlpack__)
+    exports_itself = True
 
     def export(self, a):
         return a  # the object whose __dlpack__ the core calls
@@ -99,8 +102,10 @@ def _numpy_uint16():
 
 
 def _numpy_refusal(a, argname: str) -> str:
-    return (f"{argname}: dtype {a.dtype} is not supported for NumPy arrays; flux_dnn accepts "
-            f"{_ACCEPTED_TEXT}: convert it first, e.g. with .astype(numpy.float32)")
+    return (
+        f"{argname}: dtype {a.dtype} is not supported for NumPy arrays; flux_dnn accepts "
+        f"{_ACCEPTED_TEXT}: convert it first, e.g. with .astype(numpy.float32)"
+    )
 
 
 def _numpy_empty(*args, **kwargs):
@@ -115,9 +120,12 @@ def _numpy_empty(*args, **kwargs):
 
 class NumpyAdapter(ArrayAPIAdapter):
     name = "numpy"
-
-    def key(self, a):
-        return (type(a), a.shape, a.dtype, a.strides)
+    # key(a) = (a.shape, a.strides, a.dtype.num), read in C (no Python frame per array). The
+    # type number hashes faster than the dtype; it leaves out the byte order, which changes
+    # no decision here (the core refuses a non-native byte order on every call). The type
+    # leaves nothing out: NumPy's arrays all take this adapter, and a key of 3 never equals
+    # another adapter's.
+    key = staticmethod(operator.attrgetter("shape", "strides", "dtype.num"))
 
     def device(self, a):
         return (CPU, 0)
@@ -170,6 +178,7 @@ def _torch_to_dlpack(tensor):
 
 class TorchAdapter(ArrayAPIAdapter):
     name = "torch"
+    exports_itself = False
 
     def key(self, a):
         return (type(a), a.shape, a.dtype, a.stride(), a.get_device())  # an int: no torch.device built
@@ -250,7 +259,7 @@ class CupyAdapter(ArrayAPIAdapter):
 
 _BY_MODULE = {"numpy": NumpyAdapter(), "torch": TorchAdapter(), "cupy": CupyAdapter()}
 _GENERIC = ArrayAPIAdapter()
-_BY_TYPE: dict = {}
+_BY_TYPE: dict = {}  # array type -> its adapter, filled by adapter_for
 
 
 def adapter_for(a, argname: str):
@@ -267,7 +276,8 @@ def adapter_for(a, argname: str):
         if not hasattr(a, "__dlpack__") or not hasattr(a, "__dlpack_device__"):
             raise TypeError(
                 f"{argname}: expected an array that supports DLPack (__dlpack__ and "
-                f"__dlpack_device__), such as a NumPy, CuPy, PyTorch or JAX array; got {t.__module__}.{t.__qualname__}")
+                f"__dlpack_device__), such as a NumPy, CuPy, PyTorch or JAX array; got {t.__module__}.{t.__qualname__}"
+            )
         adapter = _GENERIC
     if not hasattr(a, "__dlpack__"):
         raise TypeError(f"{argname}: expected an array that supports DLPack, got {t.__module__}.{t.__qualname__}")

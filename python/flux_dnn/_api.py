@@ -5,7 +5,9 @@ from __future__ import annotations
 from . import _conv, _core
 from ._adapters import adapter_for
 from ._geometry import KERNEL, SPATIAL
-from ._options import options
+from ._options import DEFAULT, options
+
+_NO_KEYWORDS = (DEFAULT, None)  # (options, out) of a call without keyword arguments
 
 _COMMON_DOC = """
     Arguments follow ``torch.nn.functional.conv{nd}d``: x ``(N, C, {sp})``, w
@@ -35,19 +37,23 @@ _COMMON_DOC = """
 def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
     """N-D convolution; the spatial rank (1, 2 or 3) comes from ``x.ndim - 2``."""
     nd = _rank_of(getattr(x, "shape", None), "x")
-    return _conv.forward(nd, x, w, bias, stride, padding, dilation, groups, *options("conv", kwargs))
+    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.forward(nd, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 def conv1d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
-    return _conv.forward(1, x, w, bias, stride, padding, dilation, groups, *options("conv", kwargs))
+    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.forward(1, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
-    return _conv.forward(2, x, w, bias, stride, padding, dilation, groups, *options("conv", kwargs))
+    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.forward(2, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 def conv3d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
-    return _conv.forward(3, x, w, bias, stride, padding, dilation, groups, *options("conv", kwargs))
+    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.forward(3, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 for _nd, _f in ((1, conv1d), (2, conv2d), (3, conv3d)):
@@ -71,12 +77,11 @@ def conv_backward_data(dy, w, input_shape, stride=1, padding=0, dilation=1, grou
     algorithm, workspace_limit as in :func:`conv2d`. Runs the vendor's backward-data primitive.
     """
     nd = _rank_of(getattr(dy, "shape", None), "dy")
-    opts, out = options("conv_backward_data", kwargs)
+    opts, out = options("conv_backward_data", kwargs) if kwargs else _NO_KEYWORDS
     return _conv.backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, opts, out)
 
 
-def conv_backward_weight(x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *,
-                         bias_grad=False, **kwargs):
+def conv_backward_weight(x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, bias_grad=False, **kwargs):
     """Gradient of a convolution with respect to its weights (``torch.nn.grad.conv*d_weight``).
 
     x ``(N, C, *spatial)`` is the forward input, dy ``(N, K, *out)`` the output gradient,
@@ -87,7 +92,7 @@ def conv_backward_weight(x, dy, weight_shape, stride=1, padding=0, dilation=1, g
     nd = _rank_of(getattr(x, "shape", None), "x")
     if bias_grad:
         kwargs["bias_grad"] = bias_grad
-    opts, out = options("conv_backward_weight", kwargs)
+    opts, out = options("conv_backward_weight", kwargs) if kwargs else _NO_KEYWORDS
     return _conv.backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, opts, out)
 
 
@@ -124,7 +129,7 @@ def conv_transpose3d(x, w, bias=None, stride=1, padding=0, output_padding=0, gro
 
 
 def _transpose(nd, x, w, bias, stride, padding, output_padding, groups, dilation, kwargs):
-    opts, out = options("conv_transpose", kwargs)
+    opts, out = options("conv_transpose", kwargs) if kwargs else _NO_KEYWORDS
     return _conv.transpose(nd, x, w, bias, stride, padding, output_padding, groups, dilation, opts, out)
 
 

@@ -10,7 +10,7 @@ plan. The keyword options of a call arrive as one ConvOptions (see _options).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from . import _core
 from ._adapters import _BY_TYPE, adapter_for
@@ -83,9 +83,7 @@ class _Operand(NamedTuple):
 
 def _operand(array, name: str) -> _Operand:
     adapter = adapter_for(array, name)
-    return _Operand(
-        name, array, adapter, adapter.shape(array), adapter.dtype_name(array, name), adapter.device(array)
-    )
+    return _Operand(name, array, adapter, adapter.shape(array), adapter.dtype_name(array, name), adapter.device(array))
 
 
 def _device_text(device: tuple) -> str:
@@ -130,7 +128,7 @@ def _check_channels(C: int, w_shape: tuple, groups: int, x_name: str, w_name: st
         )
 
 
-def _check_bias(bo: Optional[_Operand], channels: int) -> None:
+def _check_bias(bo: _Operand | None, channels: int) -> None:
     if bo is not None and bo.shape != (channels,):
         raise ValueError(f"bias: expected shape ({channels},) (one value per output channel), got {bo.shape}")
 
@@ -179,10 +177,13 @@ class _Prepared(NamedTuple):
     spec: object  # _core.ConvSpec
     out_shape: tuple
     channels_last: bool  # outputs flux_dnn allocates are channels-last
-    bias_out_shape: Optional[tuple]  # backward-weight's bias gradient, when asked for
+    bias_out_shape: tuple | None  # backward-weight's bias gradient, when asked for
     gpu: bool  # the arrays are on a device whose work is ordered on a stream
+    # a CPU pattern whose arrays are handed to the core as they are (NumPy's, not torch's)
+    direct: bool
+    empty: object  # allocates outputs: the adapter's empty(like, shape, channels_last)
     problem: _Problem
-    outs: set  # adapter keys of out= arrays already checked against this pattern
+    outs: dict  # adapter key of an out= array already checked -> whether it is handed over as it is
 
 
 def _spec(problem: _Problem, shim) -> object:
@@ -209,32 +210,43 @@ def _spec(problem: _Problem, shim) -> object:
     )
 
 
-def _prepare(problem: _Problem, out_shape: tuple, channels_last: bool, bias_out_shape=None) -> _Prepared:
-    """The pattern served by the first shim for the problem's device and dtype."""
+def _prepare(problem: _Problem, inputs: list, out_shape: tuple, channels_last: bool, bias_out_shape=None):
+    """The pattern served by the first shim for the problem's device and dtype; inputs: the
+    operands read, the first of which owns the outputs flux_dnn allocates."""
     device_type, device_id = problem.device
     shim = _candidates(device_type, problem.dtype, device_id, problem.argument)[0].shim
     gpu = device_type != _core.DEVICE_CPU
-    return _Prepared(shim, _spec(problem, shim), out_shape, channels_last, bias_out_shape, gpu, problem, set())
+    direct = not gpu and all(op.adapter.exports_itself for op in inputs)
+    return _Prepared(
+        shim,
+        _spec(problem, shim),
+        out_shape,
+        channels_last,
+        bias_out_shape,
+        gpu,
+        direct,
+        inputs[0].adapter.empty,
+        problem,
+        {},
+    )
 
 
 def _remember(key, prepared):
+    """(key, prepared), remembered unless key cannot be (an unhashable argument such as a
+    list, then validated on every call; key None)."""
     try:
         hash(key)
-    except TypeError:  # an unhashable argument (a list): validated on every call
-        return prepared
+    except TypeError:
+        return None, prepared
     if len(_memo) >= _MEMO_LIMIT:
         _memo.clear()
     _memo[key] = prepared
-    return prepared
-
-
-def _adapter(a, name: str):
-    return _BY_TYPE.get(type(a)) or adapter_for(a, name)
+    return key, prepared
 
 
 def _key(a, name: str):
     """The memo key of an array argument (None for None)."""
-    return None if a is None else _adapter(a, name).key(a)
+    return None if a is None else (_BY_TYPE.get(type(a)) or adapter_for(a, name)).key(a)
 
 
 def _export(a, name: str = "out"):
@@ -245,101 +257,111 @@ def _export(a, name: str = "out"):
     return (_BY_TYPE.get(type(a)) or adapter_for(a, name)).export(a)
 
 
-def _check_out(prepared: _Prepared, out, name: str, shape: tuple, like, like_name: str) -> None:
+def _check_out(prepared: _Prepared, out, name: str, shape: tuple, like, like_name: str) -> bool:
     """out fits the pattern: its shape, and the dtype and device of `like`. Checked once per
-    kind of out array (its adapter key) and pattern, then a set lookup."""
-    ad = _adapter(out, name)
+    kind of out array (its adapter key) and pattern, then a dict lookup. Returns whether out
+    is handed to the core as it is."""
+    adapter = _BY_TYPE.get(type(out))
     try:
-        seen = ad.key(out)
-        if seen in prepared.outs:
-            return
-    except TypeError:
-        seen = None
+        return prepared.outs[adapter.key(out)]
+    except (AttributeError, KeyError, TypeError):  # no adapter yet, not seen, or unhashable
+        pass
     op = _operand(out, name)
     if op.shape != shape:
         raise ValueError(f"{name}: shape {op.shape} does not match the result's shape {shape}")
     _check_same([_operand(like, like_name), op])
-    if seen is not None:
-        prepared.outs.add(seen)
-
-
-def _run(prepared: _Prepared, x, w, y, bias, like) -> Optional[_Prepared]:
-    """Runs the pattern on the ABI's x, w, y and bias (the caller's arrays, bias maybe None);
-    like: the array whose library owns the work (its stream and workspace allocator). Returns
-    None, or the pattern served by another shim when the pattern's own refused it."""
+    direct = op.adapter.exports_itself
     try:
-        _call(prepared, x, w, y, bias, like)
+        prepared.outs[op.adapter.key(out)] = direct
+    except TypeError:
+        pass
+    return direct
+
+
+def _execute(prepared: _Prepared, direct: bool, x, w, y, bias, like) -> _Prepared | None:
+    """Runs the pattern on the ABI's x, w, y and bias (the caller's arrays, bias maybe None);
+    like: the array whose library owns the work (its stream and workspace allocator); direct:
+    every array goes to the core as it is. Returns None, or the pattern served by another
+    shim when the pattern's own refused it."""
+    try:
+        if direct:
+            _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, None, None)
+        else:
+            _run_exported(prepared, x, w, y, bias, like)
     except _core.UnsupportedError as refusal:
         return _call_elsewhere(prepared, refusal, x, w, y, bias, like)
     return None
 
 
-def _call(prepared: _Prepared, x, w, y, bias, like) -> None:
+def _run_exported(prepared: _Prepared, x, w, y, bias, like) -> None:
+    """The core call with each array exported by its library, on like's stream on GPUs."""
     if prepared.gpu:
-        ad = _BY_TYPE[type(like)]
-        _core.run_conv(
-            prepared.shim,
-            prepared.spec,
-            _export(x),
-            _export(w),
-            _export(y),
-            _export(bias),
-            ad.stream(like),
-            lambda n: ad.workspace(like, n),
-        )
+        adapter = _BY_TYPE[type(like)]
+        stream, workspace = adapter.stream(like), lambda n: adapter.workspace(like, n)
     else:
-        _core.run_conv(prepared.shim, prepared.spec, _export(x), _export(w), _export(y), _export(bias), None, None)
+        stream = workspace = None
+    x, w, y, bias = _export(x), _export(w), _export(y), _export(bias, "bias")
+    _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, stream, workspace)
 
 
 def _call_elsewhere(prepared: _Prepared, refusal, x, w, y, bias, like) -> _Prepared:
     """The pattern's shim refused the problem when making its plan (FDNN_ERROR_UNSUPPORTED;
-    nothing was written): ask the device's next shims in order and remember the first that
-    takes it. UnsupportedError with what each shim said when none does."""
+    nothing was written): ask the device's next shims in order and return the pattern with
+    the first that takes it. UnsupportedError with what each shim said when none does."""
     problem = prepared.problem
     said = [f"shim {prepared.shim.name!r}: {refusal}"]
     device_type, device_id = problem.device
     for entry in _candidates(device_type, problem.dtype, device_id, problem.argument):
         if entry.shim is prepared.shim:
             continue
-        attempt = prepared._replace(shim=entry.shim, spec=_spec(problem, entry.shim), outs=set())
+        attempt = prepared._replace(shim=entry.shim, spec=_spec(problem, entry.shim), outs={})
         try:
-            _call(attempt, x, w, y, bias, like)
+            _run_exported(attempt, x, w, y, bias, like)
         except _core.UnsupportedError as another:
             said.append(f"shim {entry.shim.name!r}: {another}")
             continue
         return attempt
-    raise _core.UnsupportedError(
-        f"no shim for {device_name(device_type)} arrays can compute this convolution:\n  " + "\n  ".join(said)
-    ) from refusal
+    raise _core.UnsupportedError(_refusals(device_type, said)) from refusal
 
 
-def _lookup(key):
-    try:
-        return _memo.get(key)
-    except TypeError:  # an unhashable argument
-        return None
+def _refusals(device_type: int, said: list) -> str:
+    return f"no shim for {device_name(device_type)} arrays can compute this convolution:\n  " + "\n  ".join(said)
 
 
 # ------------------------------------------------------------------------------------------
 # Forward
+#
+# Each op first tries its memo: the key is made of the arrays' adapter keys and the other
+# arguments as given, so a repeated call validates nothing. A KeyError (a new pattern, or an
+# array type not seen yet) or a TypeError (an unhashable argument, such as a list) leads to
+# the checks, which raise the errors users see.
 
 
 def forward(nd: int, x, w, bias, stride, padding, dilation, groups, options: ConvOptions, out=None):
-    key = (FORWARD, nd, _key(x, "x"), _key(w, "w"), _key(bias, "bias"), stride, padding, dilation, groups, options)
-    prepared = _lookup(key)
-    if prepared is None:
-        bo = None if bias is None else _operand(bias, "bias")
-        prepared = _remember(
-            key,
-            _prepare_forward(nd, _operand(x, "x"), _operand(w, "w"), bo, stride, padding, dilation, groups, options),
-        )
+    try:
+        kb = None if bias is None else _BY_TYPE[type(bias)].key(bias)
+        key = (FORWARD, nd, _BY_TYPE[type(x)].key(x), _BY_TYPE[type(w)].key(w), kb, stride, padding, dilation,
+               groups, options)  # fmt: skip
+        prepared = _memo[key]
+    except (KeyError, TypeError):
+        key, prepared = _new_forward(nd, x, w, bias, stride, padding, dilation, groups, options)
     if out is None:
-        out = _BY_TYPE[type(x)].empty(x, prepared.out_shape, prepared.channels_last)
+        out = prepared.empty(x, prepared.out_shape, prepared.channels_last)
+        direct = prepared.direct
     else:
-        _check_out(prepared, out, "out", prepared.out_shape, x, "x")
-    if prepared.out_shape[0] != 0 and (moved := _run(prepared, x, w, out, bias, x)) is not None:
+        direct = _check_out(prepared, out, "out", prepared.out_shape, x, "x") and prepared.direct
+    if prepared.out_shape[0] != 0 and (moved := _execute(prepared, direct, x, w, out, bias, x)) is not None:
         _remember(key, moved)
     return out
+
+
+def _new_forward(nd, x, w, bias, stride, padding, dilation, groups, options) -> tuple:
+    xo, wo = _operand(x, "x"), _operand(w, "w")
+    bo = None if bias is None else _operand(bias, "bias")
+    prepared = _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options)
+    key = (FORWARD, nd, xo.adapter.key(x), wo.adapter.key(w), _key(bias, "bias"), stride, padding, dilation,
+           groups, options)  # fmt: skip
+    return _remember(key, prepared)
 
 
 def _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options) -> _Prepared:
@@ -349,9 +371,10 @@ def _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options)
     _check_channels(xo.shape[1], wo.shape, geo.groups, "x", "w", xo.shape)
     out_shape = (xo.shape[0], wo.shape[0], *output_sizes(xo.shape[2:], wo.shape[2:], geo))
     _check_bias(bo, wo.shape[0])
-    _check_same([xo, wo] if bo is None else [xo, wo, bo])
+    operands = [xo, wo] if bo is None else [xo, wo, bo]
+    _check_same(operands)
     problem = _Problem(FORWARD, nd, geo, options, xo.device, xo.dtype, "x")
-    return _prepare(problem, out_shape, is_channels_last(xo.shape, xo.adapter.strides(xo.array)))
+    return _prepare(problem, operands, out_shape, is_channels_last(xo.shape, xo.adapter.strides(xo.array)))
 
 
 # ------------------------------------------------------------------------------------------
@@ -359,70 +382,80 @@ def _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options)
 
 
 def backward_data(nd: int, dy, w, input_shape, stride, padding, dilation, groups, options: ConvOptions, out=None):
-    if isinstance(input_shape, list):
+    if type(input_shape) is list:  # hashable, for the memo
         input_shape = tuple(input_shape)
-    key = (BACKWARD_DATA, nd, _key(dy, "dy"), _key(w, "w"), input_shape, stride, padding, dilation, groups, options)
-    prepared = _lookup(key)
-    if prepared is None:
-        x_shape = _shape_arg(input_shape, nd, "input_shape", f"N, C, {SPATIAL[nd]}")
-        dyo, wo = _operand(dy, "dy"), _operand(w, "w")
-        _check_rank(dyo, nd, f"N, K, {SPATIAL[nd]}")
-        _check_rank(wo, nd, f"K, C/groups, {KERNEL[nd]}")
-        geo = geometry(nd, wo.shape[2:], stride, padding, dilation, groups)
-        prepared = _remember(key, _prepare_backward_data(nd, dyo, wo, x_shape, geo, options))
+    try:
+        key = (BACKWARD_DATA, nd, _BY_TYPE[type(dy)].key(dy), _BY_TYPE[type(w)].key(w), input_shape, stride,
+               padding, dilation, groups, options)  # fmt: skip
+        prepared = _memo[key]
+    except (KeyError, TypeError):
+        key, prepared = _new_backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, options)
     if out is None:
-        out = _BY_TYPE[type(dy)].empty(dy, prepared.out_shape, prepared.channels_last)
+        out = prepared.empty(dy, prepared.out_shape, prepared.channels_last)
+        direct = prepared.direct
     else:
-        _check_out(prepared, out, "out", prepared.out_shape, dy, "dy")
-    if prepared.out_shape[0] != 0 and (moved := _run(prepared, out, w, dy, None, dy)) is not None:
+        direct = _check_out(prepared, out, "out", prepared.out_shape, dy, "dy") and prepared.direct
+    if prepared.out_shape[0] != 0 and (moved := _execute(prepared, direct, out, w, dy, None, dy)) is not None:
         _remember(key, moved)
     return out
+
+
+def _new_backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, options) -> tuple:
+    x_shape = _shape_arg(input_shape, nd, "input_shape", f"N, C, {SPATIAL[nd]}")
+    dyo, wo = _operand(dy, "dy"), _operand(w, "w")
+    _check_rank(dyo, nd, f"N, K, {SPATIAL[nd]}")
+    _check_rank(wo, nd, f"K, C/groups, {KERNEL[nd]}")
+    geo = geometry(nd, wo.shape[2:], stride, padding, dilation, groups)
+    prepared = _prepare_backward_data(nd, dyo, wo, x_shape, geo, options)
+    key = (BACKWARD_DATA, nd, dyo.adapter.key(dy), wo.adapter.key(w), input_shape, stride, padding, dilation,
+           groups, options)  # fmt: skip
+    return _remember(key, prepared)
 
 
 def _prepare_backward_data(nd, dyo, wo, x_shape, geo, options, x_name="input_shape") -> _Prepared:
     _check_output_of(nd, x_shape, wo.shape, dyo.shape, geo, x_name, "w")
     _check_same([dyo, wo])
     problem = _Problem(BACKWARD_DATA, nd, geo, options, dyo.device, dyo.dtype, "dy")
-    return _prepare(problem, x_shape, is_channels_last(dyo.shape, dyo.adapter.strides(dyo.array)))
+    return _prepare(problem, [dyo, wo], x_shape, is_channels_last(dyo.shape, dyo.adapter.strides(dyo.array)))
 
 
 def backward_weight(nd: int, x, dy, weight_shape, stride, padding, dilation, groups, options: ConvOptions, out=None):
-    if isinstance(weight_shape, list):
+    if type(weight_shape) is list:  # hashable, for the memo
         weight_shape = tuple(weight_shape)
-    key = (BACKWARD_WEIGHT, nd, _key(x, "x"), _key(dy, "dy"), weight_shape, stride, padding, dilation, groups, options)
-    prepared = _lookup(key)
-    if prepared is None:
-        prepared = _remember(key, _prepare_backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, options))
-    bias_grad = options.bias_grad
+    try:
+        key = (BACKWARD_WEIGHT, nd, _BY_TYPE[type(x)].key(x), _BY_TYPE[type(dy)].key(dy), weight_shape, stride,
+               padding, dilation, groups, options)  # fmt: skip
+        prepared = _memo[key]
+    except (KeyError, TypeError):
+        key, prepared = _new_backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, options)
     dw_out, db_out = out, None
-    if bias_grad and out is not None:
+    if options.bias_grad and out is not None:
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise ValueError("out: with bias_grad=True, out must be a (dw, db) pair")
         dw_out, db_out = out
-    ax = _BY_TYPE[type(x)]
+    direct = prepared.direct
     if dw_out is None:
-        dw = ax.empty(x, prepared.out_shape, False)
+        dw = prepared.empty(x, prepared.out_shape, False)
     else:
         dw = dw_out
-        _check_out(prepared, dw, "out", prepared.out_shape, x, "x")
+        direct = _check_out(prepared, dw, "out", prepared.out_shape, x, "x") and direct
     db = None
-    if bias_grad:
+    if options.bias_grad:
         if db_out is None:
-            db = ax.empty(x, prepared.bias_out_shape, False)
+            db = prepared.empty(x, prepared.bias_out_shape, False)
         else:
             db = db_out
-            _check_out(prepared, db, "out[1]", prepared.bias_out_shape, x, "x")
+            direct = _check_out(prepared, db, "out[1]", prepared.bias_out_shape, x, "x") and direct
     if x.shape[0] == 0:  # no samples: the gradient is zero (or out unchanged when accumulating)
-        beta = options.beta
         for a in (dw, db):
             if a is not None:
-                a[...] = a * beta if beta != 0.0 else 0
-    elif (moved := _run(prepared, x, dw, dy, db, x)) is not None:
+                a[...] = a * options.beta if options.beta != 0.0 else 0
+    elif (moved := _execute(prepared, direct, x, dw, dy, db, x)) is not None:
         _remember(key, moved)
-    return (dw, db) if bias_grad else dw
+    return (dw, db) if options.bias_grad else dw
 
 
-def _prepare_backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, options) -> _Prepared:
+def _new_backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, options) -> tuple:
     w_shape = _shape_arg(weight_shape, nd, "weight_shape", f"K, C/groups, {KERNEL[nd]}")
     if w_shape[0] < 1:
         raise ValueError(f"weight_shape: K must be >= 1, got {weight_shape!r}")
@@ -433,7 +466,10 @@ def _prepare_backward_weight(nd, x, dy, weight_shape, stride, padding, dilation,
     _check_output_of(nd, xo.shape, w_shape, dyo.shape, geo, "x", "weight_shape")
     _check_same([xo, dyo])
     problem = _Problem(BACKWARD_WEIGHT, nd, geo, options, xo.device, xo.dtype, "x")
-    return _prepare(problem, w_shape, False, (w_shape[0],) if options.bias_grad else None)
+    prepared = _prepare(problem, [xo, dyo], w_shape, False, (w_shape[0],) if options.bias_grad else None)
+    key = (BACKWARD_WEIGHT, nd, xo.adapter.key(x), dyo.adapter.key(dy), weight_shape, stride, padding, dilation,
+           groups, options)  # fmt: skip
+    return _remember(key, prepared)
 
 
 # ------------------------------------------------------------------------------------------
@@ -444,32 +480,35 @@ class _Transposed(NamedTuple):
     """A checked conv_transpose pattern: the backward-data op of the equivalent convolution,
     which writes all of the output but `trim` trailing rows per dim (rows no window reaches)."""
 
-    prepared: _Prepared
+    prepared: _Prepared  # shim None when no row is within reach (output_padding's rows only)
     out_shape: tuple
-    trim: Optional[tuple]  # None: nothing trimmed
+    trim: tuple | None  # None: nothing trimmed
 
 
 def transpose(nd: int, x, w, bias, stride, padding, out_padding, groups, dilation, options: ConvOptions, out=None):
     """conv_transpose = backward-data of the convolution whose weights are w (C_in, C_out/g, *k)."""
-    key = (_TRANSPOSE, nd, _key(x, "x"), _key(w, "w"), _key(bias, "bias"), stride, padding, out_padding, groups,
-           dilation, options)  # fmt: skip
-    pattern = _lookup(key)
-    if pattern is None:
-        pattern = _remember(key, _prepare_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options))
+    try:
+        kb = None if bias is None else _BY_TYPE[type(bias)].key(bias)
+        key = (_TRANSPOSE, nd, _BY_TYPE[type(x)].key(x), _BY_TYPE[type(w)].key(w), kb, stride, padding,
+               out_padding, groups, dilation, options)  # fmt: skip
+        pattern = _memo[key]
+    except (KeyError, TypeError):
+        key, pattern = _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options)
     prepared = pattern.prepared
     if out is None:
-        y = _BY_TYPE[type(x)].empty(x, pattern.out_shape, prepared.channels_last)
+        y = prepared.empty(x, pattern.out_shape, prepared.channels_last)
+        direct = prepared.direct
     else:
         y = out
-        _check_out(prepared, y, "out", pattern.out_shape, x, "x")
+        direct = _check_out(prepared, y, "out", pattern.out_shape, x, "x") and prepared.direct
     moved = None
     if pattern.trim is None:
         if pattern.out_shape[0] != 0:
-            moved = _run(prepared, y, w, x, None, x)
+            moved = _execute(prepared, direct, y, w, x, None, x)
     else:
         kept = kept_rows(pattern.out_shape[2:], pattern.trim)
-        if pattern.out_shape[0] != 0:
-            moved = _run(prepared, y[(slice(None), slice(None), *kept)], w, x, None, x)
+        if pattern.out_shape[0] != 0 and prepared.shim is not None:
+            moved = _execute(prepared, direct, y[(slice(None), slice(None), *kept)], w, x, None, x)
         for i, t in enumerate(pattern.trim):  # the rows no window reaches, as disjoint blocks
             if t:
                 block = y[(slice(None), slice(None), *kept[:i], slice(pattern.out_shape[2 + i] - t, None))]
@@ -481,29 +520,35 @@ def transpose(nd: int, x, w, bias, stride, padding, out_padding, groups, dilatio
     return y
 
 
-def _prepare_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options) -> _Transposed:
+def _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options) -> tuple:
     xo, wo = _operand(x, "x"), _operand(w, "w")
     _check_rank(xo, nd, f"N, C_in, {SPATIAL[nd]}")
     _check_rank(wo, nd, f"C_in, C_out/groups, {KERNEL[nd]}")
-    groups = as_groups(groups)
+    groups_checked = as_groups(groups)
     if xo.shape[1] != wo.shape[0]:
         raise ValueError(
             f"w: a transposed convolution's w is (C_in, C_out/groups, ...) = ({xo.shape[1]}, ...), "
             f"but w has shape {wo.shape} for x of shape {xo.shape}"
         )
     kernel = wo.shape[2:]
-    geo = geometry(nd, kernel, stride, padding, dilation, groups, transposed=True)
+    geo = geometry(nd, kernel, stride, padding, dilation, groups_checked, transposed=True)
     out_sp = transposed_output_sizes(xo.shape[2:], kernel, geo, output_padding(out_padding, nd, geo))
     if any(s < 1 for s in out_sp):
         raise ValueError(f"padding: {padding!r} leaves an output of size {out_sp} for x {xo.shape} and w {wo.shape}")
-    out_shape = (xo.shape[0], wo.shape[1] * groups, *out_sp)
+    out_shape = (xo.shape[0], wo.shape[1] * groups_checked, *out_sp)
     bo = None if bias is None else _operand(bias, "bias")
     _check_bias(bo, out_shape[1])
     _check_same([xo, wo] if bo is None else [xo, wo, bo])
     conv_geo, trim = equivalent_convolution(out_sp, kernel, xo.shape[2:], geo)
     computed = (*out_shape[:2], *(n - t for n, t in zip(out_sp, trim)))
-    prepared = _prepare_backward_data(nd, xo, wo, computed, conv_geo, options, x_name="the output")
-    return _Transposed(prepared, out_shape, trim if any(trim) else None)
+    if 0 not in computed[2:]:
+        prepared = _prepare_backward_data(nd, xo, wo, computed, conv_geo, options, x_name="the output")
+    else:  # nothing to compute: the output is zeros (its allocation and out= rules still hold)
+        channels_last = is_channels_last(xo.shape, xo.adapter.strides(x))
+        prepared = _Prepared(None, None, computed, channels_last, None, False, False, xo.adapter.empty, None, {})
+    key = (_TRANSPOSE, nd, xo.adapter.key(x), wo.adapter.key(w), _key(bias, "bias"), stride, padding, out_padding,
+           groups, dilation, options)  # fmt: skip
+    return _remember(key, _Transposed(prepared, out_shape, trim if any(trim) else None))
 
 
 # ------------------------------------------------------------------------------------------
@@ -523,13 +568,12 @@ class ConvPlan:
         prepared = _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options)
         if prepared.out_shape[0] == 0:
             raise ValueError(f"x: a convolution plan needs a batch of at least 1, got shape {xo.shape}")
-        ad = xo.adapter
-        self._packed = self._pack(prepared, x, w, bias, ad.empty(x, prepared.out_shape, prepared.channels_last))
-        self._type, self._empty, self._export = type(x), ad.empty, ad.export
+        self._packed = self._pack(prepared, x, w, bias, prepared.empty(x, prepared.out_shape, prepared.channels_last))
+        self._run = self._packed.run
+        self._type, self._empty, self._adapter = type(x), prepared.empty, xo.adapter
         self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
         self._bias = bias  # exported on every call: a capsule is consumed once
-        self._gpu = prepared.gpu
-        self._adapter = ad
+        self._gpu, self._direct = prepared.gpu, prepared.direct
         self.input_shape, self.output_shape, self.dtype = xo.shape, prepared.out_shape, xo.dtype
 
     @staticmethod
@@ -542,7 +586,9 @@ class ConvPlan:
         for entry in _candidates(device_type, problem.dtype, device_id, problem.argument):
             spec = prepared.spec if entry.shim is prepared.shim else _spec(problem, entry.shim)
             try:
-                return _core.PackedConv(entry.shim, spec, _export(x), _export(w), _export(sample), _export(bias), stream)
+                return _core.PackedConv(
+                    entry.shim, spec, _export(x), _export(w), _export(sample), _export(bias), stream
+                )
             except _core.UnsupportedError as refusal:
                 said.append(f"shim {entry.shim.name!r}: {refusal}")
         raise _core.UnsupportedError(
@@ -566,14 +612,20 @@ class ConvPlan:
             )
         if out is None:
             out = self._empty(x, self._out_shape, self._channels_last)
-        bias = self._bias
+        elif type(out) is not self._type:  # the core compares it with the plan
+            return self._call_exported(x, out)
+        if self._direct:
+            self._run(x, out, self._bias, None, None)
+            return out
+        return self._call_exported(x, out)
+
+    def _call_exported(self, x, out):
+        adapter = self._adapter
         if self._gpu:
-            ad = self._adapter
-            self._packed.run(
-                self._export(x), _export(out), _export(bias, "bias"), ad.stream(x), lambda n: ad.workspace(x, n)
-            )
+            stream, workspace = adapter.stream(x), lambda n: adapter.workspace(x, n)
         else:
-            self._packed.run(self._export(x), _export(out), _export(bias, "bias"), None, None)
+            stream = workspace = None
+        self._run(adapter.export(x), _export(out), _export(self._bias, "bias"), stream, workspace)
         return out
 
     def __repr__(self):

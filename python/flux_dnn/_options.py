@@ -12,7 +12,6 @@ Python's; every number sent to a shim is read from ``_core``, which takes it fro
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
 
 from . import _core
 from ._geometry import as_int
@@ -59,7 +58,7 @@ def _real(value, name: str) -> float:
         raise TypeError(f"{name}: expected a real number, got {value!r}") from None
 
 
-def _activation(activation) -> Optional[tuple]:
+def _activation(activation) -> tuple | None:
     """None, or (name, *float parameters) with every parameter given."""
     if activation is None:
         return None
@@ -79,7 +78,7 @@ def _activation(activation) -> Optional[tuple]:
     return (name, *(_real(p, f"activation: {name!r} parameter") for p in params))
 
 
-def _algorithm(algorithm) -> Union[str, int]:
+def _algorithm(algorithm) -> str | int:
     if isinstance(algorithm, str):
         if algorithm not in ALGORITHM_POLICIES:
             raise ValueError(f"algorithm: expected 'heuristic', 'benchmark' or an algorithm id, got {algorithm!r}")
@@ -87,7 +86,7 @@ def _algorithm(algorithm) -> Union[str, int]:
     return as_int(algorithm, "algorithm")
 
 
-def _workspace_limit(limit) -> Optional[int]:
+def _workspace_limit(limit) -> int | None:
     if limit is None:
         return None
     limit = as_int(limit, "workspace_limit")
@@ -101,14 +100,14 @@ class ConvOptions:
     """The keyword options of one op, checked and in one form (``"leaky_relu"`` becomes
     ``("leaky_relu", 0.01)``, numbers become floats)."""
 
-    activation: Optional[tuple] = None
+    activation: tuple | None = None
     alpha: float = 1.0
     beta: float = 0.0
     deterministic: bool = False
     #: None: the device's default (the shim's default_flags: TF32 on NVIDIA, off on CPUs)
-    allow_reduced_precision: Optional[bool] = None
-    algorithm: Union[str, int] = "heuristic"
-    workspace_limit: Optional[int] = None
+    allow_reduced_precision: bool | None = None
+    algorithm: str | int = "heuristic"
+    workspace_limit: int | None = None
     bias_grad: bool = False
     # The hash, computed once: the options are part of the key of every memoised call.
     _hash: int = dataclasses.field(init=False, repr=False, compare=False, default=0)
@@ -164,30 +163,38 @@ class ConvOptions:
 
 
 DEFAULT = ConvOptions()
-_interned: dict = {}
+# Equal options are one object (memo keys holding them then compare by identity first), and
+# each op's keyword arguments, by value and type, map to theirs: a repeated call builds none.
+_canonical: dict = {DEFAULT: DEFAULT}
+_by_keywords: dict = {}
 _INTERN_LIMIT = 1024
 
 
 def options(op: str, kwargs: dict) -> tuple:
     """(ConvOptions, out) from an op's keyword arguments (kwargs is the call's own dict and is
     consumed). TypeError for a keyword the op does not take; ValueError for beta without out."""
-    if not kwargs:
-        return DEFAULT, None
     out = kwargs.pop("out", None) if op in _TAKES_OUT else None
-    try:  # the types too: True == 1, but algorithm=True is refused where algorithm=1 is not
-        key = (op, *kwargs.items(), *map(type, kwargs.values()))
-        found = _interned.get(key)
-    except TypeError:  # an unhashable value (a list): checked on every call
-        key = found = None
-    if found is None:
-        found = _build(op, kwargs)
-        if key is not None:
-            if len(_interned) >= _INTERN_LIMIT:
-                _interned.clear()
-            _interned[key] = found
+    found = _interned(op, kwargs) if kwargs else DEFAULT
     if out is None and found.beta != 0.0:
         raise ValueError(f"beta: beta={found.beta!r} accumulates into an existing output, so it needs out=")
     return found, out
+
+
+def _interned(op: str, kwargs: dict) -> ConvOptions:
+    try:  # the types too: True == 1, but algorithm=True is refused where algorithm=1 is not
+        key = (op, tuple(kwargs.items()), tuple(map(type, kwargs.values())))
+        return _by_keywords[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable value (a list): checked on every call
+        return _build(op, kwargs)
+    if len(_by_keywords) >= _INTERN_LIMIT:
+        _by_keywords.clear()
+        _canonical.clear()
+        _canonical[DEFAULT] = DEFAULT
+    built = _build(op, kwargs)
+    found = _by_keywords[key] = _canonical.setdefault(built, built)
+    return found
 
 
 def _build(op: str, kwargs: dict) -> ConvOptions:
@@ -196,4 +203,5 @@ def _build(op: str, kwargs: dict) -> ConvOptions:
         if name not in allowed:
             takes = ", ".join((*allowed, "out") if op in _TAKES_OUT else allowed)
             raise TypeError(f"{name}: {op} takes no keyword argument {name!r}; it takes {takes}")
-    return ConvOptions(**kwargs)
+    built = ConvOptions(**kwargs)
+    return _canonical.get(built, built)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -52,14 +52,14 @@ _SHIM_DEVICE = {"cpu": _core.DEVICE_CPU, "cuda": _core.DEVICE_CUDA}  # JAX platf
 
 
 def _lead(a, nd):
-    return a.shape[:a.ndim - nd - 2]
+    return a.shape[: a.ndim - nd - 2]
 
 
 def _fold_data(a, lead):
     """(*lead, N, C, *sp) -> (N, B*C, *sp): the vmapped axis becomes a block of channels."""
-    a = np.broadcast_to(a, lead + a.shape[len(lead):])
+    a = np.broadcast_to(a, lead + a.shape[len(lead) :])
     B = int(np.prod(lead))
-    n, c, sp = a.shape[len(lead)], a.shape[len(lead) + 1], a.shape[len(lead) + 2:]
+    n, c, sp = a.shape[len(lead)], a.shape[len(lead) + 1], a.shape[len(lead) + 2 :]
     a = a.reshape(B, n, c, *sp).swapaxes(0, 1)
     return np.ascontiguousarray(a.reshape(n, B * c, *sp))
 
@@ -72,8 +72,8 @@ def _unfold_data(a, lead):
 
 def _fold_weight(a, lead):
     """(*lead, K, Cg, *k) -> (B*K, Cg, *k): one group block per vmapped element."""
-    a = np.broadcast_to(a, lead + a.shape[len(lead):])
-    return np.ascontiguousarray(a.reshape(-1, *a.shape[len(lead) + 1:]))
+    a = np.broadcast_to(a, lead + a.shape[len(lead) :])
+    return np.ascontiguousarray(a.reshape(-1, *a.shape[len(lead) + 1 :]))
 
 
 def _host_data_weight(fn, nd, geo, data, weight, *shape_arg):
@@ -84,9 +84,9 @@ def _host_data_weight(fn, nd, geo, data, weight, *shape_arg):
         return fn(data, weight, geo.groups, *shape_arg)
     B = int(np.prod(lead))
     if int(np.prod(_lead(weight, nd))) == 1:  # shared weights: the vmapped axis joins N
-        d = np.broadcast_to(data, lead + data.shape[len(lead):])
-        d = np.ascontiguousarray(d.reshape(-1, *d.shape[len(lead) + 1:]))
-        w = weight.reshape(weight.shape[len(_lead(weight, nd)):])
+        d = np.broadcast_to(data, lead + data.shape[len(lead) :])
+        d = np.ascontiguousarray(d.reshape(-1, *d.shape[len(lead) + 1 :]))
+        w = weight.reshape(weight.shape[len(_lead(weight, nd)) :])
         shape = [(shape_arg[0][0] * B, *shape_arg[0][1:])] if shape_arg else []
         y = fn(d, w, geo.groups, *shape)
         return y.reshape(*lead, -1, *y.shape[1:])
@@ -98,12 +98,14 @@ def _host_data_weight(fn, nd, geo, data, weight, *shape_arg):
 def _host_conv(nd, geo, x, w):
     def run(x, w, groups):
         return flux_dnn.conv(x, w, None, geo.stride, geo.padding(), geo.dilation, groups)
+
     return _host_data_weight(run, nd, geo, x, w)
 
 
 def _host_backward_data(nd, geo, input_shape, dy, w):
     def run(dy, w, groups, shape):
         return flux_dnn.conv_backward_data(dy, w, shape, geo.stride, geo.padding(), geo.dilation, groups)
+
     return _host_data_weight(run, nd, geo, dy, w, tuple(input_shape))
 
 
@@ -113,8 +115,9 @@ def _host_backward_weight(nd, geo, weight_shape, x, dy):
         return flux_dnn.conv_backward_weight(x, dy, weight_shape, geo.stride, geo.padding(), geo.dilation, geo.groups)
     B = int(np.prod(lead))
     shape = (weight_shape[0] * B, *weight_shape[1:])
-    dw = flux_dnn.conv_backward_weight(_fold_data(x, lead), _fold_data(dy, lead), shape, geo.stride,
-                                       geo.padding(), geo.dilation, geo.groups * B)
+    dw = flux_dnn.conv_backward_weight(
+        _fold_data(x, lead), _fold_data(dy, lead), shape, geo.stride, geo.padding(), geo.dilation, geo.groups * B
+    )
     return dw.reshape(*lead, *weight_shape)
 
 
@@ -126,6 +129,8 @@ _HOST = {FORWARD: _host_conv, BACKWARD_DATA: _host_backward_data, BACKWARD_WEIGH
 # build time): XLA passes its own buffers, the handler calls the shim through the ABI.
 
 _FFI_TARGET = "flux_dnn_conv"
+
+
 def _ffi_library() -> str:
     """FLUX_DNN_JAX_FFI, else the handler built into flux_dnn, else the flux-dnn-jax wheel's."""
     explicit = os.environ.get("FLUX_DNN_JAX_FFI")
@@ -194,7 +199,7 @@ def _shim_attrs(platform, dtype) -> dict:
 
 
 def _platform(*arrays):
-    """"cpu" or "cuda" for arrays placed on devices; None for tracers, whose platform is known
+    """ "cpu" or "cuda" for arrays placed on devices; None for tracers, whose platform is known
     only when XLA lowers the program."""
     if any(isinstance(a, jax.core.Tracer) for a in arrays):
         return None
@@ -231,8 +236,8 @@ def _ffi_run(out, a, b, attrs):
 
     platform, default = _platform(a, b), _default_platform()
     if (platform or default) not in _ffi_state["platforms"]:
-        raise flux_dnn.DeviceUnavailableError(
-            f"flux_dnn.jax has no {platform or default} FFI handler: {_ffi_state.get('cuda_reason', 'not built for it')}")
+        why = _ffi_state.get("cuda_reason", "not built for it")
+        raise flux_dnn.DeviceUnavailableError(f"flux_dnn.jax has no {platform or default} FFI handler: {why}")
     if platform is not None or len(_ffi_state["platforms"]) == 1:
         return on(platform or "cpu")(a, b)
     branches = {}
@@ -255,14 +260,21 @@ def _run(op, geo, out_shape, dtype, a, b):
         return jnp.zeros(out.shape, dtype)
     if _use_ffi():
         i64 = functools.partial(np.asarray, dtype=np.int64)
-        attrs = dict(op=np.int64(op), stride=i64(geo.stride), padding_lo=i64(geo.lo), padding_hi=i64(geo.hi),
-                     dilation=i64(geo.dilation), groups=np.int64(geo.groups))
+        attrs = dict(
+            op=np.int64(op),
+            stride=i64(geo.stride),
+            padding_lo=i64(geo.lo),
+            padding_hi=i64(geo.hi),
+            dilation=i64(geo.dilation),
+            groups=np.int64(geo.groups),
+        )
         return _ffi_run(out, a, b, attrs)
     # Traced arrays: judged by the default platform (jit's choice for uncommitted arrays).
     if (_platform(a, b) or _default_platform()) != "cpu":
         raise flux_dnn.DeviceUnavailableError(
             "flux_dnn.jax runs GPU arrays through its XLA FFI handler only (the pure_callback fallback "
-            f"is CPU-only), and it is not available: {_ffi_state.get('reason', 'flux_dnn.jax._BACKEND is callback')}")
+            f"is CPU-only), and it is not available: {_ffi_state.get('reason', 'flux_dnn.jax._BACKEND is callback')}"
+        )
     nd = len(geo.stride)
     host = _HOST[op]
     fn = functools.partial(host, nd, geo) if op == FORWARD else functools.partial(host, nd, geo, tuple(out_shape))
@@ -366,8 +378,10 @@ def _add_bias(y, bias):
 def _arrays(x, w):
     x, w = jnp.asarray(x), jnp.asarray(w)
     if x.ndim not in (3, 4, 5) or w.ndim != x.ndim:
-        raise ValueError(f"x, w: expected x (N, C, *spatial) and w (K, C/groups, *kernel) of the same rank "
-                         f"3, 4 or 5, got shapes {x.shape} and {w.shape}")
+        raise ValueError(
+            f"x, w: expected x (N, C, *spatial) and w (K, C/groups, *kernel) of the same rank "
+            f"3, 4 or 5, got shapes {x.shape} and {w.shape}"
+        )
     _check_dtype(("x", x), ("w", w))
     if x.dtype != w.dtype:
         raise TypeError(f"w: dtype {w.dtype} differs from x's dtype {x.dtype}")
@@ -388,6 +402,7 @@ def _ranked(nd, name):
         if jnp.ndim(x) != nd + 2:
             raise ValueError(f"x: {name} expects a {nd + 2}-D array (N, C, *spatial), got shape {jnp.shape(x)}")
         return conv(x, w, bias, stride, padding, dilation, groups)
+
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"{nd}-D :func:`conv`."
     return f
@@ -406,9 +421,19 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, group
     return _add_bias(_transpose_p(x, w, geo, output_padding), bias)
 
 
-def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None,
-                         rhs_dilation=None, dimension_numbers=None, feature_group_count=1,
-                         batch_group_count=1, precision=None, preferred_element_type=None):
+def conv_general_dilated(
+    lhs,
+    rhs,
+    window_strides: Sequence[int],
+    padding,
+    lhs_dilation=None,
+    rhs_dilation=None,
+    dimension_numbers=None,
+    feature_group_count=1,
+    batch_group_count=1,
+    precision=None,
+    preferred_element_type=None,
+):
     """``jax.lax.conv_general_dilated`` computed by flux_dnn (lhs_dilation and
     batch_group_count other than 1 are not supported: use :func:`conv_transpose` for
     fractionally strided convolutions). ``precision`` is ignored: flux_dnn computes float32
@@ -420,8 +445,9 @@ def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding, lhs_d
     if batch_group_count != 1:
         raise ValueError(f"batch_group_count: only 1 is supported, got {batch_group_count}")
     if preferred_element_type is not None and jnp.dtype(preferred_element_type) != lhs.dtype:
-        raise ValueError(f"preferred_element_type: only the input dtype {lhs.dtype} is supported, "
-                         f"got {preferred_element_type}")
+        raise ValueError(
+            f"preferred_element_type: only the input dtype {lhs.dtype} is supported, got {preferred_element_type}"
+        )
     dn = jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
     x = jnp.transpose(lhs, dn.lhs_spec)  # to N, C, *spatial
     w = jnp.transpose(rhs, dn.rhs_spec)  # to K, C/groups, *kernel
