@@ -27,7 +27,7 @@ from flux_dnn._discovery import REGISTRY
 if not hasattr(REGISTRY, "candidates"):
     # Registry.candidates arrives with ABI 2.0 (the shims' own capabilities); until then the
     # registry's usable shims that compute the dtype, in its order, are the candidates.
-    def candidates(device_type, dtype, device_id=0, argument="x"):
+    def candidates(device_type, dtype, device_id=0, argument="x", op=None):
         return [e for e in REGISTRY.usable_for(device_type)[0] if e.computes(dtype, device_id)]
 
     REGISTRY.candidates = candidates

@@ -136,3 +136,18 @@ def test_channels_last_detection(shape, strides, expected):
     assert _geometry.is_channels_last(shape, strides) is expected
     if expected:
         assert _geometry.compact_strides(shape, _geometry.channels_last_order(len(shape))) == strides
+
+
+def test_spec_carries_the_resolved_flags(xw):
+    from flux_dnn import _conv
+
+    x, w = (_conv._operand(a, name) for a, name in zip(xw, "xw"))
+    specs = {
+        choice: _conv._prepare_forward(2, x, w, None, 1, 0, 1, 1, ConvOptions(allow_reduced_precision=choice)).spec
+        for choice in (None, True, False)
+    }
+    if not hasattr(specs[None], "flags"):
+        pytest.skip("_core.ConvSpec.flags is bound from ABI 2.0 on")
+    shim = _conv._candidates(_conv._Problem(0, 2, None, DEFAULT, (_core.DEVICE_CPU, 0), "float32", "x"))[0].shim
+    assert specs[None].flags == _default_flags(shim, 0) == 0  # a CPU: full precision unless asked
+    assert specs[True].flags == _core.CONV_ALLOW_REDUCED_PRECISION and specs[False].flags == 0

@@ -57,13 +57,15 @@ def _default_flags(shim, device_id: int) -> int:
     return _core.CONV_ALLOW_REDUCED_PRECISION if shim.device_type == _core.DEVICE_CUDA else 0
 
 
-def _candidates(device_type: int, dtype: str, device_id: int, argument: str) -> list:
-    """The usable shims (discovery entries) for a device type that compute dtype, in the order
-    they are asked; the first is REGISTRY.shim_for's. Raises as shim_for does when none."""
+def _candidates(problem) -> list:
+    """The usable shims (discovery entries) for the problem's device that compute its dtype
+    and op, in the order they are asked; the first is REGISTRY.shim_for's. Raises as shim_for
+    does when there is none."""
+    (device_type, device_id), dtype, argument = problem.device, problem.dtype, problem.argument
     candidates = getattr(REGISTRY, "candidates", None)
     if candidates is None:  # before the ABI 2.0 merge the registry has one answer
         return [REGISTRY.shim_for(device_type, dtype, device_id, argument)]
-    return list(candidates(device_type, dtype, device_id, argument))
+    return list(candidates(device_type, dtype, device_id, argument, problem.op))
 
 
 # ------------------------------------------------------------------------------------------
@@ -213,9 +215,8 @@ def _spec(problem: _Problem, shim) -> object:
 def _prepare(problem: _Problem, inputs: list, out_shape: tuple, channels_last: bool, bias_out_shape=None):
     """The pattern served by the first shim for the problem's device and dtype; inputs: the
     operands read, the first of which owns the outputs flux_dnn allocates."""
-    device_type, device_id = problem.device
-    shim = _candidates(device_type, problem.dtype, device_id, problem.argument)[0].shim
-    gpu = device_type != _core.DEVICE_CPU
+    shim = _candidates(problem)[0].shim
+    gpu = problem.device[0] != _core.DEVICE_CPU
     direct = not gpu and all(op.adapter.exports_itself for op in inputs)
     return _Prepared(
         shim,
@@ -310,8 +311,7 @@ def _call_elsewhere(prepared: _Prepared, refusal, x, w, y, bias, like) -> _Prepa
     the first that takes it. UnsupportedError with what each shim said when none does."""
     problem = prepared.problem
     said = [f"shim {prepared.shim.name!r}: {refusal}"]
-    device_type, device_id = problem.device
-    for entry in _candidates(device_type, problem.dtype, device_id, problem.argument):
+    for entry in _candidates(problem):
         if entry.shim is prepared.shim:
             continue
         attempt = prepared._replace(shim=entry.shim, spec=_spec(problem, entry.shim), outs={})
@@ -321,7 +321,7 @@ def _call_elsewhere(prepared: _Prepared, refusal, x, w, y, bias, like) -> _Prepa
             said.append(f"shim {entry.shim.name!r}: {another}")
             continue
         return attempt
-    raise _core.UnsupportedError(_refusals(device_type, said)) from refusal
+    raise _core.UnsupportedError(_refusals(problem.device[0], said)) from refusal
 
 
 def _refusals(device_type: int, said: list) -> str:
@@ -582,8 +582,7 @@ class ConvPlan:
         problem = prepared.problem
         stream = _BY_TYPE[type(x)].stream(x)
         said = []
-        device_type, device_id = problem.device
-        for entry in _candidates(device_type, problem.dtype, device_id, problem.argument):
+        for entry in _candidates(problem):
             spec = prepared.spec if entry.shim is prepared.shim else _spec(problem, entry.shim)
             try:
                 return _core.PackedConv(
@@ -591,9 +590,7 @@ class ConvPlan:
                 )
             except _core.UnsupportedError as refusal:
                 said.append(f"shim {entry.shim.name!r}: {refusal}")
-        raise _core.UnsupportedError(
-            f"no shim for {device_name(device_type)} arrays can compute this convolution:\n  " + "\n  ".join(said)
-        )
+        raise _core.UnsupportedError(_refusals(problem.device[0], said))
 
     @property
     def algorithm(self) -> str:

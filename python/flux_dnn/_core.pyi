@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypedDict
 
 ABI_VERSION: tuple[int, int]
+__version__: str  # the flux_dnn version _core was built from (ABI 2.0 builds)
 
 # -- ABI numbers (flux_dnn.h 2.0) ------------------------------------------------------------
 ERROR_INVALID_ARGUMENT: int
@@ -62,7 +63,7 @@ NUM_CONV_OPS: int
 NUM_ACTIVATIONS: int
 
 # ABI 1.2 only (Conv_Dtype_Support, replaced by Conv_Capabilities in 2.0): delete with the
-# 2.0 merge, together with Shim.dtype_support below.
+# 2.0 merge, together with Shim.dtype_support and ConvResult below.
 DTYPE_SUPPORT_NONE: int
 DTYPE_SUPPORT_NATIVE: int
 DTYPE_SUPPORT_CONVERTED: int
@@ -94,17 +95,19 @@ class Shim:
     @property
     def device_type(self) -> int: ...
     def info(self) -> dict[str, Any]:
-        """Shim_Info: name, vendor, vendor_version_built, vendor_version_runtime, device_type,
-        num_devices, unavailable_reason (None when usable), path, abi (major, minor); with
-        ABI 2.0 also shim_version and priority."""
-    def device_name(self, device_id: int = 0) -> str: ...
+        """Shim_Info: name, vendor, vendor_version_built, vendor_version_runtime,
+        shim_version, device_type, num_devices, priority, unavailable_reason (None when
+        usable), and the library's path and abi (major, minor)."""
     def device_info(self, device_id: int = 0) -> dict[str, Any]:
-        """ABI 2.0 Device_Describe: name and default_flags (FDNN_CONV_* bits)."""
+        """Device_Describe: {"name": str, "default_flags": FDNN_CONV_* bits}."""
     def capabilities(self, op: int, dtype: str, device_id: int = 0) -> dict[str, Any]:
-        """ABI 2.0 Conv_Capabilities of one op and dtype on one device: support
-        (SUPPORT_*), spatial_ranks, activations, features (FEATURE_* bits), detail."""
+        """Conv_Capabilities of op (CONV_*) and dtype ("float64", "float32", "float16",
+        "bfloat16") on one device: {"support": SUPPORT_*, "spatial_ranks": tuple,
+        "activations": bits 1 << ACTIVATION_*, "features": FEATURE_* bits, "detail": str}."""
+    # ABI 1.2 only: delete with the 2.0 merge.
+    def device_name(self, device_id: int = 0) -> str: ...
     def dtype_support(self, dtype: str, device_id: int = 0) -> tuple[int, str]:
-        """ABI 1.2 only: (DTYPE_SUPPORT_*, or -1 when the shim does not say; detail)."""
+        """(DTYPE_SUPPORT_*, or -1 when the shim does not say; detail)."""
 
 def load_shim(path: str) -> Shim:
     """Load (once) and check the shim library at path; raises ShimLoadError."""
@@ -137,14 +140,8 @@ class ConvSpec:
     def op(self) -> int: ...
     @property
     def beta(self) -> float: ...
-
-class ConvResult:
     @property
-    def workspace_size(self) -> int: ...
-    @property
-    def algo_id(self) -> int: ...
-    @property
-    def algo_name(self) -> str: ...
+    def flags(self) -> int: ...
 
 def run_conv(
     shim: Shim,
@@ -155,9 +152,23 @@ def run_conv(
     bias: Any | None,
     stream: int | None,
     workspace_alloc: Callable[[int], Any] | None,
-) -> ConvResult:
+) -> ConvResult | None:
     """Run spec on DLPack arrays (or capsules) x, w, y, bias as the ABI names them; the
-    written array must exist."""
+    written array must exist. None with ABI 2.0 (a ConvResult before)."""
+
+def plan_info(
+    shim: Shim, spec: ConvSpec, x: Any, w: Any, y: Any, bias: Any | None, stream: int | None = None
+) -> dict[str, Any]:
+    """The plan run_conv would run (made and cached, not executed): {"workspace_size",
+    "algo_id", "algo_name"}."""
+
+class ConvResult:  # ABI 1.2 only: delete with the 2.0 merge
+    @property
+    def workspace_size(self) -> int: ...
+    @property
+    def algo_id(self) -> int: ...
+    @property
+    def algo_name(self) -> str: ...
 
 class PackedConv:
     """A forward plan fixed for one set of shapes, with its weights packed once."""

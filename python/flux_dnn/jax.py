@@ -35,7 +35,7 @@ import numpy as np
 
 import flux_dnn
 from flux_dnn import _core
-from flux_dnn._conv import BACKWARD_DATA, BACKWARD_WEIGHT, FORWARD, _default_flags
+from flux_dnn._conv import BACKWARD_DATA, BACKWARD_WEIGHT, FORWARD
 from flux_dnn._discovery import DTYPES, REGISTRY
 from flux_dnn._geometry import as_ints, equivalent_convolution, geometry, kept_rows
 
@@ -187,15 +187,11 @@ def _use_ffi() -> bool:
     return _BACKEND == "ffi" or (_BACKEND is None and ffi_available())
 
 
-def _shim_attrs(platform, dtype) -> dict:
-    """The FFI attributes naming the shim that serves `platform`'s arrays of `dtype` (on the
-    CPU: oneDNN, or the BLAS shim for float64) and the flags it asks for by default there (TF32
-    on NVIDIA, as flux_dnn.conv passes them); loads the shim (and checks its ABI) if needed,
-    raises DeviceUnavailableError with the reason when it cannot work here, TypeError when no
-    shim there computes the dtype. The device is not known when tracing: device 0 speaks for
-    the others of its type."""
-    shim = REGISTRY.shim_for(_SHIM_DEVICE[platform], str(dtype)).shim
-    return {"shim": shim.path, "flags": np.int64(_default_flags(shim, 0))}
+def _shim_path(platform, dtype) -> str:
+    """The shim serving `platform`'s arrays of `dtype` (on the CPU: oneDNN, or the BLAS shim
+    for float64); loads it (and checks its ABI) if needed, raises DeviceUnavailableError with
+    the reason when it cannot work here, TypeError when no shim there computes the dtype."""
+    return REGISTRY.shim_for(_SHIM_DEVICE[platform], str(dtype)).shim.path
 
 
 def _platform(*arrays):
@@ -231,8 +227,8 @@ def _ffi_run(out, a, b, attrs):
     call = jax.ffi.ffi_call(_FFI_TARGET, out, vmap_method="expand_dims")
 
     def on(platform):
-        shim = _shim_attrs(platform, a.dtype)
-        return lambda a, b: call(a, b, **shim, **attrs)
+        shim = _shim_path(platform, a.dtype)
+        return lambda a, b: call(a, b, shim=shim, **attrs)
 
     platform, default = _platform(a, b), _default_platform()
     if (platform or default) not in _ffi_state["platforms"]:
@@ -258,18 +254,14 @@ def _run(op, geo, out_shape, dtype, a, b):
         # Nothing to compute, and every output element sums over nothing: zeros (the CUDA
         # handler cannot clear device memory itself).
         return jnp.zeros(out.shape, dtype)
+    # fmt: off
     if _use_ffi():
         i64 = functools.partial(np.asarray, dtype=np.int64)
-        attrs = dict(
-            op=np.int64(op),
-            stride=i64(geo.stride),
-            padding_lo=i64(geo.lo),
-            padding_hi=i64(geo.hi),
-            dilation=i64(geo.dilation),
-            groups=np.int64(geo.groups),
-        )
+        attrs = dict(op=np.int64(op), stride=i64(geo.stride), padding_lo=i64(geo.lo), padding_hi=i64(geo.hi),
+                     dilation=i64(geo.dilation), groups=np.int64(geo.groups), flags=np.int64(0))
         return _ffi_run(out, a, b, attrs)
     # Traced arrays: judged by the default platform (jit's choice for uncommitted arrays).
+    # fmt: on
     if (_platform(a, b) or _default_platform()) != "cpu":
         raise flux_dnn.DeviceUnavailableError(
             "flux_dnn.jax runs GPU arrays through its XLA FFI handler only (the pure_callback fallback "
