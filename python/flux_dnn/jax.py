@@ -195,8 +195,8 @@ def _shim_path(platform, dtype) -> str:
 
 
 def _platform(*arrays):
-    """ "cpu" or "cuda" for arrays placed on devices; None for tracers, whose platform is known
-    only when XLA lowers the program."""
+    """The platform ("cpu" or "cuda") of arrays placed on devices; None for tracers, whose
+    platform is known only when XLA lowers the program."""
     if any(isinstance(a, jax.core.Tracer) for a in arrays):
         return None
     devices = set().union(*(a.devices() for a in arrays))
@@ -254,6 +254,8 @@ def _run(op, geo, out_shape, dtype, a, b):
         # Nothing to compute, and every output element sums over nothing: zeros (the CUDA
         # handler cannot clear device memory itself).
         return jnp.zeros(out.shape, dtype)
+    # Kept as written until the ABI 2.0 merge sets flags=-1 (the device's default, resolved
+    # by the core as flux_dnn.conv resolves it); then ruff may format it.
     # fmt: off
     if _use_ffi():
         i64 = functools.partial(np.asarray, dtype=np.int64)
