@@ -148,6 +148,7 @@ def test_spec_carries_the_resolved_flags(xw):
     }
     if not hasattr(specs[None], "flags"):
         pytest.skip("_core.ConvSpec.flags is bound from ABI 2.0 on")
-    shim = _conv._candidates(_conv._Problem(_conv.FORWARD, 2, None, DEFAULT, (_core.DEVICE_CPU, 0), "float32", "x"))[0].shim
+    problem = _conv._Problem(_conv.FORWARD, 2, None, DEFAULT, (_core.DEVICE_CPU, 0), "float32", "x")
+    shim = _conv._candidates(problem)[0].shim
     assert specs[None].flags == _default_flags(shim, 0) == 0  # a CPU: full precision unless asked
     assert specs[True].flags == _core.CONV_ALLOW_REDUCED_PRECISION and specs[False].flags == 0
