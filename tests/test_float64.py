@@ -8,10 +8,10 @@ import sys
 
 import numpy as np
 import pytest
-
-import flux_dnn
 import reference as ref
 from conftest import require_cpu_dtype
+
+import flux_dnn
 
 
 @pytest.fixture(autouse=True)
@@ -39,10 +39,12 @@ def test_torch_gradcheck_through_functional_ops(rng, groups):
 
     x, w, b = t(2, 4, 6, 5), t(6, 4 // groups, 3, 2), t(6)
     assert torch.autograd.gradcheck(
-        lambda x, w, b: ft.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=groups), (x, w, b))
+        lambda x, w, b: ft.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=groups), (x, w, b)
+    )
     xt, wt = t(2, 4, 5), t(4, 6 // groups, 3)
     assert torch.autograd.gradcheck(
-        lambda x, w: ft.conv_transpose1d(x, w, stride=2, padding=1, output_padding=1, groups=groups), (xt, wt))
+        lambda x, w: ft.conv_transpose1d(x, w, stride=2, padding=1, output_padding=1, groups=groups), (xt, wt)
+    )
 
 
 def test_torch_module_in_float64_matches_torch(rng):
@@ -91,8 +93,9 @@ def test_jax_x64_grad(backend):
     """jax_enable_x64 is process-wide, so this runs in its own interpreter."""
     pytest.importorskip("jax")
     env = {**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-c", JAX_X64, backend], capture_output=True, text=True, env=env,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", JAX_X64, backend], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     if result.stdout.startswith("skip"):
         pytest.skip(f"the XLA FFI handler is not installed: {result.stdout[5:].strip()}")

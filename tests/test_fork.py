@@ -52,7 +52,6 @@ else:
 def test_child_of_a_fork_computes_instead_of_hanging(dtype):
     if not any(s.usable and dtype in s.dtypes for s in flux_dnn.shims() if s.device_type == 1):
         pytest.skip(f"no CPU shim here computes {dtype}")
-    result = subprocess.run([sys.executable, "-c", SCRIPT, dtype, "60"], capture_output=True, text=True,
-                            timeout=240)
+    result = subprocess.run([sys.executable, "-c", SCRIPT, dtype, "60"], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["exit", "0"], (result.stdout, result.stderr)

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-
-import flux_dnn
 import reference as ref
 from conftest import require_onednn
+
+import flux_dnn
 
 
 def draw_config(rng, nd):
@@ -24,8 +24,9 @@ def draw_config(rng, nd):
     size = 7 if nd == 3 else 11
     spatial = tuple(int(max(v, d * (k - 1) + 1)) for v, d, k in zip(rng.integers(3, size, nd), dilation, kernel))
     N = int(rng.choice([1, 2, 3]))
-    return dict(N=N, C=C, K=K, groups=groups, kernel=kernel, stride=stride, dilation=dilation,
-                lo=lo, hi=hi, spatial=spatial)
+    return dict(
+        N=N, C=C, K=K, groups=groups, kernel=kernel, stride=stride, dilation=dilation, lo=lo, hi=hi, spatial=spatial
+    )
 
 
 def tolerance(expected):
@@ -59,10 +60,16 @@ def test_forward_matches_reference(rng, nd, case, layout):
     np.testing.assert_array_equal(fresh, out)
 
 
-@pytest.mark.parametrize("padding,lo,hi", [
-    (0, (0, 0), (0, 0)), (2, (2, 2), (2, 2)), ((1, 3), (1, 3), (1, 3)),
-    (((0, 2), (3, 1)), (0, 3), (2, 1)), ("valid", (0, 0), (0, 0)),
-])
+@pytest.mark.parametrize(
+    "padding,lo,hi",
+    [
+        (0, (0, 0), (0, 0)),
+        (2, (2, 2), (2, 2)),
+        ((1, 3), (1, 3), (1, 3)),
+        (((0, 2), (3, 1)), (0, 3), (2, 1)),
+        ("valid", (0, 0), (0, 0)),
+    ],
+)
 def test_padding_forms(rng, padding, lo, hi):
     x = rng.standard_normal((2, 4, 9, 10), dtype=np.float32)
     w = rng.standard_normal((5, 4, 3, 2), dtype=np.float32)
@@ -76,7 +83,7 @@ def test_padding_same_keeps_size(rng, kernel, dilation):
     w = rng.standard_normal((2, 3, *kernel), dtype=np.float32)
     total = [d * (k - 1) for d, k in zip(dilation, kernel)]
     lo = tuple(t // 2 for t in total)
-    hi = tuple(t - l for t, l in zip(total, lo))
+    hi = tuple(t - low for t, low in zip(total, lo))
     expected = ref.conv_forward(x, w, None, (1, 1), lo, hi, dilation)
     y = flux_dnn.conv2d(x, w, padding="same", dilation=dilation)
     assert y.shape == x.shape[:1] + (2,) + x.shape[2:]
@@ -146,9 +153,13 @@ def test_workspace_refused_falls_back_with_one_warning(rng):
     w = rng.standard_normal((8, 16, 1, 1), dtype=np.float32)
     expected = ref.conv_forward(x, w)
     flux_dnn.conv2d(x, w, algorithm=2)  # oneDNN's blocked layouts: staging buffers in the workspace
-    prepared = next(p for k, p in _conv._memo.items()
-                    if k[2] is not None and k[2][1] == x.shape and k[3][1] == w.shape and k[-2] == 2)
-    assert _core.plan_info(prepared.shim, prepared.spec, x, w, np.empty_like(expected, np.float32), None)["workspace_size"] > 0
+    prepared = next(
+        p
+        for p in _conv._memo.values()
+        if getattr(p, "problem", None) and p.problem.options.algorithm == 2 and p.out_shape == expected.shape
+    )
+    y = np.empty_like(expected, np.float32)
+    assert _core.plan_info(prepared.shim, prepared.spec, x, w, y, None)["workspace_size"] > 0
     calls = []
 
     def refuse(nbytes):
@@ -160,3 +171,38 @@ def test_workspace_refused_falls_back_with_one_warning(rng):
         _core.run_conv(prepared.shim, prepared.spec, x, w, y, None, None, refuse)
     assert len(calls) == 1  # refused once; the plan that ran needed no workspace: it asked no more
     np.testing.assert_allclose(y, expected, **tolerance(expected))
+
+
+@pytest.mark.parametrize("op", ["conv", "conv_transpose"])
+@pytest.mark.parametrize("output_padding", [0, 1])
+def test_repeated_calls_are_remembered(rng, monkeypatch, op, output_padding):
+    """A repeated call (same shapes, dtypes, layouts and arguments) skips every check: it is
+    remembered, conv_transpose like conv (output_padding=1 with dilation 2 and no padding
+    leaves a last row that no window reaches, which the remembered call must zero again)."""
+    from flux_dnn import _conv
+
+    x = rng.standard_normal((2, 4, 5, 6), dtype=np.float32)
+    w = rng.standard_normal((3, 4, 3, 2) if op == "conv" else (4, 3, 3, 2), dtype=np.float32)
+    b = rng.standard_normal(3, dtype=np.float32)
+    if op == "conv":
+        call = lambda x, out: flux_dnn.conv2d(x, w, b, 1, 0, 2, out=out)  # noqa: E731
+        reference = lambda x: ref.conv_forward(x, w, b, (1, 1), (0, 0), (0, 0), (2, 2))  # noqa: E731
+        slow_path = "_new_forward"
+    else:
+        call = lambda x, out: flux_dnn.conv_transpose2d(x, w, b, 1, 0, output_padding, 1, 2, out=out)  # noqa: E731
+        reference = lambda x: ref.conv_transpose(x, w, b, (1, 1), (0, 0), (output_padding,) * 2, (2, 2))  # noqa: E731
+        slow_path = "_new_transpose"
+    expected = reference(x)
+    np.testing.assert_allclose(call(x, None), expected, **tolerance(expected))
+
+    def checked_again(*args):
+        raise AssertionError("a repeated call was checked again")
+
+    monkeypatch.setattr(_conv, slow_path, checked_again)
+    for _ in range(2):
+        fresh = rng.standard_normal(x.shape, dtype=np.float32)
+        expected = reference(fresh)
+        out = ref.poisoned_like(expected.shape, np.float32)
+        assert call(fresh, out) is out
+        np.testing.assert_allclose(out, expected, **tolerance(expected))
+        np.testing.assert_allclose(call(fresh, None), expected, **tolerance(expected))

@@ -19,7 +19,8 @@ RTOL = 2e-4  # float32, relative to the largest magnitude of the reference
 def backend(request, monkeypatch):
     """Every test runs through the XLA FFI handler and through jax.pure_callback."""
     if request.param == "ffi" and not fj.ffi_available():
-        pytest.skip(f"the XLA FFI handler is not installed (pip install ./packaging/flux-dnn-jax): {fj._ffi_state.get('reason')}")
+        why = fj._ffi_state.get("reason")
+        pytest.skip(f"the XLA FFI handler is not installed (pip install ./packaging/flux-dnn-jax): {why}")
     monkeypatch.setattr(fj, "_BACKEND", request.param)
     return request.param
 
@@ -45,25 +46,36 @@ def randn(rng, *shape):
 
 
 def lax_conv(x, w, stride, padding, dilation, groups):
-    return jax.lax.conv_general_dilated(x, w, stride, padding, rhs_dilation=dilation, feature_group_count=groups,
-                                        precision=jax.lax.Precision.HIGHEST)
+    return jax.lax.conv_general_dilated(
+        x, w, stride, padding, rhs_dilation=dilation, feature_group_count=groups, precision=jax.lax.Precision.HIGHEST
+    )
 
 
 def lax_conv_transpose(x, w, stride, padding, output_padding, dilation, groups):
-    """torch-semantics transposed convolution as the VJP of lax's convolution w.r.t. its input."""
-    nd = x.ndim - 2
-    out_sp = [(x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w.shape[2 + i] - 1)
-              + output_padding[i] + 1 for i in range(nd)]
-    z = jnp.zeros((x.shape[0], w.shape[1] * groups, *out_sp), x.dtype)
-    _, vjp = jax.vjp(lambda z: lax_conv(z, w, stride, [(p, p) for p in padding], dilation, groups), z)
-    return vjp(x)[0]
+    """torch-semantics transposed convolution by its definition: a convolution of x spread out
+    by the stride (lhs_dilation), padded by d*(k-1)-p below and d*(k-1)-p+output_padding above,
+    with the kernel flipped and its channel roles exchanged per group."""
+    nd, (c_in, c_out_g, *k) = x.ndim - 2, w.shape
+    w = jnp.flip(w, tuple(range(2, nd + 2)))
+    w = w.reshape(groups, c_in // groups, c_out_g, *k).swapaxes(1, 2).reshape(groups * c_out_g, c_in // groups, *k)
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, op, d in zip(k, padding, output_padding, dilation)]
+    return jax.lax.conv_general_dilated(
+        x,
+        w,
+        (1,) * nd,
+        pads,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        feature_group_count=groups,
+        precision=jax.lax.Precision.HIGHEST,
+    )
 
 
 def check_grads(flux_fn, ref_fn, args, rng):
     """Values and jax.grad of <fn(*args), g> in every argument, flux under jit."""
     g = randn(rng, *ref_fn(*args).shape)
     argnums = tuple(range(len(args)))
-    loss = lambda fn: (lambda *a: jnp.vdot(fn(*a), g))  # noqa: E731
+    loss = lambda fn: lambda *a: jnp.vdot(fn(*a), g)  # noqa: E731
     close(jax.jit(flux_fn)(*args), ref_fn(*args), "value")
     got = jax.jit(jax.grad(loss(flux_fn), argnums))(*args)
     want = jax.grad(loss(ref_fn), argnums)(*args)
@@ -87,8 +99,10 @@ def test_conv_values_and_grads(case, rng):
     x, w, b = randn(rng, N, C, *sp), randn(rng, K, C // groups, *k), randn(rng, K)
     nd = len(sp)
     flux = lambda x, w, b: fj.conv(x, w, b, stride, padding, dilation, groups)  # noqa: E731
-    ref = lambda x, w, b: (lax_conv(x, w, stride, padding, dilation, groups)  # noqa: E731
-                           + b.reshape((1, -1) + (1,) * nd))
+    ref = lambda x, w, b: (
+        lax_conv(x, w, stride, padding, dilation, groups)  # noqa: E731
+        + b.reshape((1, -1) + (1,) * nd)
+    )
     check_grads(flux, ref, (x, w, b), rng)
 
 
@@ -97,6 +111,8 @@ TRANSPOSE_CASES = [
     (2, 4, 6, (7,), (3,), (2,), (1,), (1,), (1,), 2),
     (2, 3, 4, (5, 6), (3, 3), (2, 2), (1, 1), (1, 0), (1, 1), 1),
     (1, 2, 3, (3, 4, 3), (2, 3, 2), (2, 1, 2), (0, 1, 0), (0, 0, 0), (1, 1, 1), 1),
+    (2, 4, 4, (4, 5), (3, 2), (1, 1), (0, 0), (1, 1), (2, 2), 2),  # last rows no window reaches
+    (1, 2, 3, (1,), (1,), (1,), (1,), (2,), (3,), 1),  # no row within reach: zeros
 ]
 
 
@@ -118,7 +134,7 @@ def test_vmap_over_inputs_and_weights(rng):
     close(jax.jit(jax.vmap(flux, (0, None)))(xs, w), jax.vmap(ref, (0, None))(xs, w), "vmap x")
     close(jax.vmap(flux)(xs, ws), jax.vmap(ref)(xs, ws), "vmap x and w")
     close(jax.vmap(flux, (None, 0))(xs[0], ws), jax.vmap(ref, (None, 0))(xs[0], ws), "vmap w")
-    loss = lambda fn: (lambda x, w: jnp.sum(fn(x, w) ** 2))  # noqa: E731
+    loss = lambda fn: lambda x, w: jnp.sum(fn(x, w) ** 2)  # noqa: E731
     per_example = jax.vmap(jax.grad(loss(flux), argnums=(0, 1)), (0, None))
     for a, b in zip(per_example(xs, w), jax.vmap(jax.grad(loss(ref), argnums=(0, 1)), (0, None))(xs, w)):
         close(a, b, "per-example grad")
@@ -128,13 +144,13 @@ def test_vmap_over_inputs_and_weights(rng):
     close(jax.vmap(tflux)(xt, wt), jax.vmap(tref)(xt, wt), "vmap conv_transpose")
 
 
-@pytest.mark.parametrize("dn,padding", [(("NHWC", "HWIO", "NHWC"), "SAME"), (None, "VALID"),
-                                        (("NCHW", "OIHW", "NHWC"), [(2, 0), (1, 1)])])
+@pytest.mark.parametrize(
+    "dn,padding", [(("NHWC", "HWIO", "NHWC"), "SAME"), (None, "VALID"), (("NCHW", "OIHW", "NHWC"), [(2, 0), (1, 1)])]
+)
 def test_conv_general_dilated_matches_lax(dn, padding, rng):
     x = randn(rng, 2, 9, 8, 6) if dn and dn[0] == "NHWC" else randn(rng, 2, 6, 9, 8)
     w = randn(rng, 3, 3, 3, 4) if dn and dn[1] == "HWIO" else randn(rng, 4, 3, 3, 3)
-    kw = dict(window_strides=(2, 1), padding=padding, rhs_dilation=(1, 2), dimension_numbers=dn,
-              feature_group_count=2)
+    kw = dict(window_strides=(2, 1), padding=padding, rhs_dilation=(1, 2), dimension_numbers=dn, feature_group_count=2)
     flux = lambda x, w: fj.conv_general_dilated(x, w, **kw)  # noqa: E731
     ref = lambda x, w: jax.lax.conv_general_dilated(x, w, precision=jax.lax.Precision.HIGHEST, **kw)  # noqa: E731
     check_grads(flux, ref, (x, w), rng)
@@ -193,8 +209,11 @@ def test_cuda_arrays_values_and_grads(backend, rng):
         xs = randn(rng, 3, 2, 4, 10, 9)
         close(jax.jit(jax.vmap(flux, (0, None, None)))(xs, w, b), jax.vmap(ref, (0, None, None))(xs, w, b), "vmap")
         xt, wt = randn(rng, 2, 4, 5, 6), randn(rng, 4, 3, 3, 3)
-        close(jax.jit(lambda x, w: fj.conv_transpose(x, w, None, 2, 1, 1))(xt, wt),
-              lax_conv_transpose(xt, wt, (2, 2), (1, 1), (1, 1), (1, 1), 1), "conv_transpose")
+        close(
+            jax.jit(lambda x, w: fj.conv_transpose(x, w, None, 2, 1, 1))(xt, wt),
+            lax_conv_transpose(xt, wt, (2, 2), (1, 1), (1, 1), (1, 1), 1),
+            "conv_transpose",
+        )
 
 
 def test_empty_operands_give_zeros(rng):

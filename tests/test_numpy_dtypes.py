@@ -14,9 +14,9 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
+import reference as ref
 
 import flux_dnn
-import reference as ref
 from flux_dnn import _core
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -36,8 +36,9 @@ def grid(rng, shape, dtype):
 def assert_close(actual, expected, dtype_name):
     assert isinstance(actual, np.ndarray) and actual.dtype == DTYPES[dtype_name]
     tol = TOLERANCE[dtype_name]
-    np.testing.assert_allclose(np.asarray(actual, dtype=np.float64), expected, rtol=tol,
-                               atol=tol * max(1.0, float(np.abs(expected).max())))
+    np.testing.assert_allclose(
+        np.asarray(actual, dtype=np.float64), expected, rtol=tol, atol=tol * max(1.0, float(np.abs(expected).max()))
+    )
 
 
 def problem(rng, nd, dtype_name, case):
@@ -111,8 +112,11 @@ def test_empty_batch_results_keep_the_dtype(dtype_name):
     """An empty batch needs no vendor call: the outputs' library, type and dtype."""
     dtype = DTYPES[dtype_name]
     x, w, dy = np.zeros((0, 4, 7, 7), dtype), np.zeros((6, 4, 3, 3), dtype), np.zeros((0, 6, 5, 5), dtype)
-    results = [flux_dnn.conv2d(x, w, np.zeros(6, dtype)), flux_dnn.conv_backward_data(dy, w, x.shape),
-               *flux_dnn.conv_backward_weight(x, dy, w.shape, bias_grad=True)]
+    results = [
+        flux_dnn.conv2d(x, w, np.zeros(6, dtype)),
+        flux_dnn.conv_backward_data(dy, w, x.shape),
+        *flux_dnn.conv_backward_weight(x, dy, w.shape, bias_grad=True),
+    ]
     assert [r.shape for r in results] == [(0, 6, 5, 5), (0, 4, 7, 7), (6, 4, 3, 3), (6,)]
     assert all(type(r) is np.ndarray and r.dtype == dtype for r in results)
     assert not results[2].any() and not results[3].any()
@@ -256,8 +260,12 @@ def check_refusal(call, argname, dtype):
 def test_refused_dtypes_name_argument_and_dtype(no_vendor_call, dtype_key, argname, like):
     dtype = REFUSED[dtype_key]
     good = np.dtype(np.float32) if like == "float32" else BF16
-    args = {"x": np.zeros((1, 4, 5, 5), good), "w": np.zeros((6, 4, 3, 3), good), "bias": np.zeros(6, good),
-            "out": np.zeros((1, 6, 3, 3), good)}
+    args = {
+        "x": np.zeros((1, 4, 5, 5), good),
+        "w": np.zeros((6, 4, 3, 3), good),
+        "bias": np.zeros(6, good),
+        "out": np.zeros((1, 6, 3, 3), good),
+    }
     args[argname] = refused(args[argname].shape, dtype)
     check_refusal(lambda: flux_dnn.conv2d(args["x"], args["w"], args["bias"], out=args["out"]), argname, dtype)
 
@@ -270,10 +278,17 @@ def test_refused_dtypes_in_every_op(no_vendor_call, dtype_key):
     check_refusal(lambda: flux_dnn.conv_backward_data(refused(dy.shape, dtype), w, bf.shape), "dy", dtype)
     check_refusal(lambda: flux_dnn.conv_backward_data(dy, refused(w.shape, dtype), bf.shape), "w", dtype)
     check_refusal(lambda: flux_dnn.conv_backward_weight(bad, dy, w.shape, bias_grad=True), "x", dtype)
-    check_refusal(lambda: flux_dnn.conv_backward_weight(bf, dy, w.shape, bias_grad=True,
-                                                        out=(refused(w.shape, dtype), np.zeros(6, BF16))), "out", dtype)
+    check_refusal(
+        lambda: flux_dnn.conv_backward_weight(
+            bf, dy, w.shape, bias_grad=True, out=(refused(w.shape, dtype), np.zeros(6, BF16))
+        ),
+        "out",
+        dtype,
+    )
     check_refusal(lambda: flux_dnn.conv_transpose2d(refused(dy.shape, dtype), np.zeros((6, 4, 3, 3), BF16)), "x", dtype)
-    check_refusal(lambda: flux_dnn.conv_transpose2d(dy, np.zeros((6, 4, 3, 3), BF16), refused((4,), dtype)), "bias", dtype)
+    check_refusal(
+        lambda: flux_dnn.conv_transpose2d(dy, np.zeros((6, 4, 3, 3), BF16), refused((4,), dtype)), "bias", dtype
+    )
     check_refusal(lambda: flux_dnn.conv_plan(bad, w), "x", dtype)
     check_refusal(lambda: flux_dnn.conv1d(refused((1, 4, 5), dtype), np.zeros((6, 4, 3), BF16)), "x", dtype)
     check_refusal(lambda: flux_dnn.conv3d(refused((1, 4, 5, 5, 5), dtype), np.zeros((6, 4, 3, 3, 3), BF16)), "x", dtype)

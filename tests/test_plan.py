@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+import reference as ref
 
 import flux_dnn
-import reference as ref
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
@@ -43,11 +43,16 @@ def test_plan_rejects_other_inputs(rng):
     x = rng.standard_normal((2, 4, 6, 6), dtype=np.float32)
     w = rng.standard_normal((5, 4, 3, 3), dtype=np.float32)
     plan = flux_dnn.conv_plan(x, w, padding=1)
-    with pytest.raises(ValueError, match=r"x: does not fit this convolution plan: shape \(3, 4, 6, 6\) is not the planned \(2, 4, 6, 6\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"x: does not fit this convolution plan: shape \(3, 4, 6, 6\) is not the planned \(2, 4, 6, 6\)",
+    ):
         plan(np.zeros((3, 4, 6, 6), np.float32))
     with pytest.raises(TypeError, match=r"x: does not fit this convolution plan: its dtype"):
         plan(x.astype(np.float16))
-    with pytest.raises(ValueError, match=r"x: does not fit this convolution plan: strides .* are not the planned layout"):
+    with pytest.raises(
+        ValueError, match=r"x: does not fit this convolution plan: strides .* are not the planned layout"
+    ):
         plan(ref.channels_last(x))
     with pytest.raises(TypeError, match=r"x: this plan was made for numpy.ndarray arrays, got builtins.list"):
         plan([1.0])

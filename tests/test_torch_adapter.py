@@ -11,7 +11,6 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-import flux_dnn  # noqa: E402
 import flux_dnn.torch as ft  # noqa: E402
 
 TOL = dict(rtol=2e-4, atol=2e-4)  # float32 against a float64 reference
@@ -43,7 +42,7 @@ def check_against_torch(flux_fn, torch_fn, inputs, rng):
         if want is None:
             continue
         assert got is not None, f"no gradient for {name}"
-        torch.testing.assert_close(got, want.float(), **TOL, msg=lambda m: f"grad {name}: {m}")
+        torch.testing.assert_close(got, want.float(), **TOL, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
 @pytest.fixture(params=["autograd.Function", "custom_op"])
@@ -73,9 +72,12 @@ def test_conv_values_and_gradients(case, rng, eager_path):
     b = randn(rng, K) if has_bias else None
     flux_f = {1: ft.conv1d, 2: ft.conv2d, 3: ft.conv3d}[nd]
     torch_f = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
-    check_against_torch(lambda x, w, b: flux_f(x, w, b, stride, padding, dilation, groups),
-                        lambda x, w, b: torch_f(x, w, b, stride, padding, dilation, groups),
-                        [x, w, b], rng)
+    check_against_torch(
+        lambda x, w, b: flux_f(x, w, b, stride, padding, dilation, groups),
+        lambda x, w, b: torch_f(x, w, b, stride, padding, dilation, groups),
+        [x, w, b],
+        rng,
+    )
 
 
 # (nd, N, C_in, C_out, spatial, kernel, stride, padding, output_padding, dilation, groups, bias)
@@ -83,6 +85,8 @@ TRANSPOSE_CASES = [
     (1, 2, 4, 6, (7,), (3,), 2, 1, 1, 1, 2, True),
     (2, 2, 3, 4, (5, 6), (3, 3), 2, 1, (1, 0), 1, 1, True),
     (2, 1, 2, 2, (4, 4), (3, 3), 1, 1, 1, 2, 1, False),  # output_padding >= stride (< dilation)
+    (2, 2, 2, 4, (4, 5), (3, 2), 1, 0, 1, 2, 2, True),  # the same without padding: a last row no window reaches
+    (1, 1, 2, 3, (1,), (1,), 1, 1, 2, 3, 1, True),  # no row within reach: zeros (and the bias)
     (3, 1, 2, 3, (3, 4, 3), (2, 3, 2), (2, 1, 2), (0, 1, 0), 0, 1, 1, True),
 ]
 
@@ -95,9 +99,12 @@ def test_conv_transpose_values_and_gradients(case, rng, eager_path):
     b = randn(rng, C_out) if has_bias else None
     flux_f = {1: ft.conv_transpose1d, 2: ft.conv_transpose2d, 3: ft.conv_transpose3d}[nd]
     torch_f = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[nd]
-    check_against_torch(lambda x, w, b: flux_f(x, w, b, stride, padding, out_pad, groups, dilation),
-                        lambda x, w, b: torch_f(x, w, b, stride, padding, out_pad, groups, dilation),
-                        [x, w, b], rng)
+    check_against_torch(
+        lambda x, w, b: flux_f(x, w, b, stride, padding, out_pad, groups, dilation),
+        lambda x, w, b: torch_f(x, w, b, stride, padding, out_pad, groups, dilation),
+        [x, w, b],
+        rng,
+    )
 
 
 def test_channels_last_gradients(rng, eager_path):
@@ -106,8 +113,9 @@ def test_channels_last_gradients(rng, eager_path):
     b = randn(rng, 4)
     y = ft.conv2d(x, w, b, padding=1)
     assert y.is_contiguous(memory_format=torch.channels_last)
-    check_against_torch(lambda x, w, b: ft.conv2d(x, w, b, 1, 1), lambda x, w, b: F.conv2d(x, w, b, 1, 1),
-                        [x, w, b], rng)
+    check_against_torch(
+        lambda x, w, b: ft.conv2d(x, w, b, 1, 1), lambda x, w, b: F.conv2d(x, w, b, 1, 1), [x, w, b], rng
+    )
 
 
 def test_only_requested_gradients(rng, eager_path):
@@ -158,9 +166,12 @@ def test_state_dict_round_trip(torch_cls, flux_cls, xshape, rng):
     back = torch_cls(4, 6, 3, **kw)
     back.load_state_dict(mine.state_dict())
     x = randn(rng, *xshape)
-    check_against_torch(lambda x, w, b: torch.func.functional_call(mine, {"weight": w, "bias": b}, (x,)),
-                        lambda x, w, b: torch.func.functional_call(back, {"weight": w, "bias": b}, (x,)),
-                        [x, ref.weight.detach(), ref.bias.detach()], rng)
+    check_against_torch(
+        lambda x, w, b: torch.func.functional_call(mine, {"weight": w, "bias": b}, (x,)),
+        lambda x, w, b: torch.func.functional_call(back, {"weight": w, "bias": b}, (x,)),
+        [x, ref.weight.detach(), ref.bias.detach()],
+        rng,
+    )
 
 
 @pytest.mark.parametrize("padding_mode", ["zeros", "reflect", "replicate", "circular"])
@@ -195,8 +206,11 @@ def test_unbatched_input_and_output_size(rng):
 class _Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.enc = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
-                                       torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2))
+        self.enc = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2),
+        )
         self.dec = torch.nn.ConvTranspose2d(8, 4, 2, stride=2)
         self.head = torch.nn.Conv1d(4, 2, 3, padding_mode="circular", padding=1)
 
@@ -257,19 +271,25 @@ def test_torch_compile_matches_eager(rng):
 def test_opcheck(fmt, rng):
     """torch.library.opcheck: schema, fake implementations (strides included), autograd
     registration and AOT dispatch of every custom op agree with the real kernels."""
+
     def r(*shape, grad=False):
         return randn(rng, *shape).to(memory_format=fmt).requires_grad_(grad)
 
     x, w, b = r(2, 4, 7, 6, grad=True), r(6, 2, 3, 3, grad=True), randn(rng, 6)
     torch.library.opcheck(torch.ops.flux_dnn.conv.default, (x, w, b, [2, 1], [1, 0], [1, 2], [1, 1], 2, False))
     xt, wt = r(2, 4, 5, 5, grad=True), r(4, 3, 3, 3, grad=True)
-    torch.library.opcheck(torch.ops.flux_dnn.conv_transpose.default,
-                          (xt, wt, randn(rng, 3), [2, 2], [1, 1], [1, 0], [1, 1], 1, False))
+    torch.library.opcheck(
+        torch.ops.flux_dnn.conv_transpose.default, (xt, wt, randn(rng, 3), [2, 2], [1, 1], [1, 0], [1, 1], 1, False)
+    )
     dy = r(2, 6, 4, 6)
-    torch.library.opcheck(torch.ops.flux_dnn.conv_backward_data.default,
-                          (dy, w.detach(), [2, 4, 7, 6], [2, 1], [1, 0], [1, 2], [1, 1], 2, False))
-    torch.library.opcheck(torch.ops.flux_dnn.conv_backward_weight.default,
-                          (x.detach(), dy, [6, 2, 3, 3], [2, 1], [1, 0], [1, 2], [1, 1], 2, True, False))
+    torch.library.opcheck(
+        torch.ops.flux_dnn.conv_backward_data.default,
+        (dy, w.detach(), [2, 4, 7, 6], [2, 1], [1, 0], [1, 2], [1, 1], 2, False),
+    )
+    torch.library.opcheck(
+        torch.ops.flux_dnn.conv_backward_weight.default,
+        (x.detach(), dy, [6, 2, 3, 3], [2, 1], [1, 0], [1, 2], [1, 1], 2, True, False),
+    )
 
 
 def test_bf16_autocast(rng):
@@ -314,8 +334,9 @@ def test_cuda_tensors_go_through_flux_dnn(rng):
     x = randn(rng, 2, 3, 9, 9).cuda()
     w = randn(rng, 4, 3, 3, 3).cuda()
     b = randn(rng, 4).cuda()
-    check_against_torch(lambda x, w, b: ft.conv2d(x, w, b, 2, 1), lambda x, w, b: F.conv2d(x, w, b, 2, 1),
-                        [x, w, b], rng)
+    check_against_torch(
+        lambda x, w, b: ft.conv2d(x, w, b, 2, 1), lambda x, w, b: F.conv2d(x, w, b, 2, 1), [x, w, b], rng
+    )
 
 
 def test_concurrent_threads_agree_with_torch(rng):
@@ -326,7 +347,9 @@ def test_concurrent_threads_agree_with_torch(rng):
     cases = []
     for i in range(8):
         c, k, h = int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(5, 10))
-        cases.append((randn(rng, 2, c, h, h, requires_grad=True), randn(rng, k, c, 3, 3, requires_grad=True), 1 + i % 2))
+        cases.append(
+            (randn(rng, 2, c, h, h, requires_grad=True), randn(rng, k, c, 3, 3, requires_grad=True), 1 + i % 2)
+        )
 
     def run(case):
         x, w, stride = case

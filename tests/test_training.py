@@ -51,7 +51,7 @@ def test_flux_and_torch_convs_train_alike(digits, rng):
             torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_digits_example_reaches_97_percent(digits):
@@ -63,9 +63,23 @@ def test_digits_example_reaches_97_percent(digits):
 def _run_ddp(tmp_path, world, steps=20):
     out = tmp_path / f"world{world}.pt"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run([sys.executable, os.path.join(EXAMPLES, "ddp_train.py"), "--world-size", str(world),
-                    "--steps", str(steps), "--log-every", str(steps), "--out", str(out)],
-                   check=True, env=env, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(EXAMPLES, "ddp_train.py"),
+            "--world-size",
+            str(world),
+            "--steps",
+            str(steps),
+            "--log-every",
+            str(steps),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        env=env,
+        timeout=300,
+    )
     return torch.load(out)
 
 
@@ -75,7 +89,9 @@ def test_ddp_two_processes_match_single_process(tmp_path):
     assert list(single) == list(ddp)
     for name in single:
         assert not torch.equal(single[name], digits_initial_weights()[name]), f"{name} did not train"
-        torch.testing.assert_close(ddp[name], single[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            ddp[name], single[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def digits_initial_weights():

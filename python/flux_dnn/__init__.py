@@ -8,6 +8,24 @@ w ``(K, C/groups, *kernel)``; channels-last arrays are taken as they are.
 """
 
 from . import _core
+from ._api import (
+    clear_plan_cache,
+    conv,
+    conv1d,
+    conv2d,
+    conv3d,
+    conv_backward_bias,
+    conv_backward_data,
+    conv_backward_weight,
+    conv_plan,
+    conv_transpose,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose3d,
+    plan_cache_info,
+    set_plan_cache_capacity,
+)
+from ._conv import ConvPlan
 from ._core import (
     ABI_VERSION,
     DeviceUnavailableError,
@@ -15,25 +33,7 @@ from ._core import (
     UnsupportedError,
     VendorError,
 )
-from ._conv import ConvPlan
 from ._discovery import ShimSpec, ShimStatus, shims
-from ._api import (
-    conv,
-    conv1d,
-    conv2d,
-    conv3d,
-    conv_backward_bias,
-    conv_backward_data,
-    conv_plan,
-    conv_backward_weight,
-    conv_transpose,
-    conv_transpose1d,
-    conv_transpose2d,
-    conv_transpose3d,
-    clear_plan_cache,
-    plan_cache_info,
-    set_plan_cache_capacity,
-)
 
 
 def _installed_version() -> str:
@@ -69,7 +69,8 @@ def _default_autotune_path() -> str:
     import os
 
     base = os.environ.get("FLUX_DNN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "flux_dnn")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "flux_dnn"
+    )
     return os.path.join(base, "autotune-v1.txt")
 
 

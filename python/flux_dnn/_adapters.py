@@ -4,37 +4,19 @@ Each library keeps to its own small class; unknown libraries go through the arra
 
 from __future__ import annotations
 
+import operator
 import sys
 
 from . import _core
+from ._geometry import is_channels_last  # noqa: F401 (its old home; the rule lives in _geometry)
 
-CPU = 1
-CUDA = 2
-DTYPE_BFLOAT = 4  # DLPack's dtype code for bfloat16 (kDLBfloat)
+CPU = _core.DEVICE_CPU
+CUDA = _core.DEVICE_CUDA
+DTYPE_BFLOAT = _core.DTYPE_BFLOAT  # DLPack's dtype code for bfloat16 (kDLBfloat)
 
 # What flux_dnn convolves; a NumPy array of another dtype is refused naming these.
 ACCEPTED_DTYPES = ("float64", "float32", "float16", "bfloat16")
 _ACCEPTED_TEXT = "float64, float32, float16 and bfloat16 (ml_dtypes.bfloat16 for NumPy)"
-
-
-def is_channels_last(shape: tuple, strides) -> bool:
-    """Whether element strides are channels-last (N, *spatial, C) rather than contiguous."""
-    if strides is None or len(shape) < 3:
-        return False
-
-    def compact(order):
-        out, step = [0] * len(shape), 1
-        for d in reversed(order):
-            out[d] = step
-            step *= shape[d]
-        return out
-
-    def same(a, b):  # strides of size-1 dims never matter
-        return all(s == 1 or x == y for s, x, y in zip(shape, a, b))
-
-    nd = len(shape)
-    channels_last = compact([0, *range(2, nd), 1])
-    return same(strides, channels_last) and not same(strides, compact(list(range(nd))))
 
 
 def _channels_last_empty(empty, shape, **kw):
@@ -48,6 +30,8 @@ class ArrayAPIAdapter:
     """Any array with __dlpack__ and the array API (__array_namespace__)."""
 
     name = "array-api"
+    #: export(a) is a itself: the core takes such arrays as they are (through __dlpack__)
+    exports_itself = True
 
     def export(self, a):
         return a  # the object whose __dlpack__ the core calls
@@ -118,8 +102,10 @@ def _numpy_uint16():
 
 
 def _numpy_refusal(a, argname: str) -> str:
-    return (f"{argname}: dtype {a.dtype} is not supported for NumPy arrays; flux_dnn accepts "
-            f"{_ACCEPTED_TEXT}: convert it first, e.g. with .astype(numpy.float32)")
+    return (
+        f"{argname}: dtype {a.dtype} is not supported for NumPy arrays; flux_dnn accepts "
+        f"{_ACCEPTED_TEXT}: convert it first, e.g. with .astype(numpy.float32)"
+    )
 
 
 def _numpy_empty(*args, **kwargs):
@@ -134,9 +120,12 @@ def _numpy_empty(*args, **kwargs):
 
 class NumpyAdapter(ArrayAPIAdapter):
     name = "numpy"
-
-    def key(self, a):
-        return (type(a), a.shape, a.dtype, a.strides)
+    # key(a) = (a.shape, a.strides, a.dtype.num), read in C (no Python frame per array). The
+    # type number hashes faster than the dtype; it leaves out the byte order, which changes
+    # no decision here (the core refuses a non-native byte order on every call). The type
+    # leaves nothing out: NumPy's arrays all take this adapter, and a key of 3 never equals
+    # another adapter's.
+    key = staticmethod(operator.attrgetter("shape", "strides", "dtype.num"))
 
     def device(self, a):
         return (CPU, 0)
@@ -189,6 +178,7 @@ def _torch_to_dlpack(tensor):
 
 class TorchAdapter(ArrayAPIAdapter):
     name = "torch"
+    exports_itself = False
 
     def key(self, a):
         return (type(a), a.shape, a.dtype, a.stride(), a.get_device())  # an int: no torch.device built
@@ -269,7 +259,7 @@ class CupyAdapter(ArrayAPIAdapter):
 
 _BY_MODULE = {"numpy": NumpyAdapter(), "torch": TorchAdapter(), "cupy": CupyAdapter()}
 _GENERIC = ArrayAPIAdapter()
-_BY_TYPE: dict = {}
+_BY_TYPE: dict = {}  # array type -> its adapter, filled by adapter_for
 
 
 def adapter_for(a, argname: str):
@@ -286,7 +276,8 @@ def adapter_for(a, argname: str):
         if not hasattr(a, "__dlpack__") or not hasattr(a, "__dlpack_device__"):
             raise TypeError(
                 f"{argname}: expected an array that supports DLPack (__dlpack__ and "
-                f"__dlpack_device__), such as a NumPy, CuPy, PyTorch or JAX array; got {t.__module__}.{t.__qualname__}")
+                f"__dlpack_device__), such as a NumPy, CuPy, PyTorch or JAX array; got {t.__module__}.{t.__qualname__}"
+            )
         adapter = _GENERIC
     if not hasattr(a, "__dlpack__"):
         raise TypeError(f"{argname}: expected an array that supports DLPack, got {t.__module__}.{t.__qualname__}")

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from . import _conv, _core
 from ._adapters import adapter_for
+from ._geometry import KERNEL, SPATIAL
+from ._options import DEFAULT, options
+
+_NO_KEYWORDS = (DEFAULT, None)  # (options, out) of a call without keyword arguments
 
 _COMMON_DOC = """
     Arguments follow ``torch.nn.functional.conv{nd}d``: x ``(N, C, {sp})``, w
@@ -33,23 +37,27 @@ _COMMON_DOC = """
 def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
     """N-D convolution; the spatial rank (1, 2 or 3) comes from ``x.ndim - 2``."""
     nd = _rank_of(getattr(x, "shape", None), "x")
-    return _conv.forward(nd, x, w, bias, stride, padding, dilation, groups, **kwargs)
+    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.forward(nd, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 def conv1d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
-    return _conv.forward(1, x, w, bias, stride, padding, dilation, groups, **kwargs)
+    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.forward(1, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
-    return _conv.forward(2, x, w, bias, stride, padding, dilation, groups, **kwargs)
+    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.forward(2, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 def conv3d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
-    return _conv.forward(3, x, w, bias, stride, padding, dilation, groups, **kwargs)
+    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.forward(3, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 for _nd, _f in ((1, conv1d), (2, conv2d), (3, conv3d)):
-    _f.__doc__ = f"{_nd}-D convolution.\n" + _COMMON_DOC.format(nd=_nd, sp=_conv._SPATIAL[_nd], k=_conv._KERNEL[_nd])
+    _f.__doc__ = f"{_nd}-D convolution.\n" + _COMMON_DOC.format(nd=_nd, sp=SPATIAL[_nd], k=KERNEL[_nd])
 conv.__doc__ += "\n" + _COMMON_DOC.format(nd="N", sp="*spatial", k="*kernel")
 
 
@@ -69,11 +77,11 @@ def conv_backward_data(dy, w, input_shape, stride=1, padding=0, dilation=1, grou
     algorithm, workspace_limit as in :func:`conv2d`. Runs the vendor's backward-data primitive.
     """
     nd = _rank_of(getattr(dy, "shape", None), "dy")
-    return _conv.backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, **kwargs)
+    opts, out = options("conv_backward_data", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, opts, out)
 
 
-def conv_backward_weight(x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *,
-                         bias_grad=False, **kwargs):
+def conv_backward_weight(x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, bias_grad=False, **kwargs):
     """Gradient of a convolution with respect to its weights (``torch.nn.grad.conv*d_weight``).
 
     x ``(N, C, *spatial)`` is the forward input, dy ``(N, K, *out)`` the output gradient,
@@ -82,8 +90,10 @@ def conv_backward_weight(x, dy, weight_shape, stride=1, padding=0, dilation=1, g
     ``out`` is then a ``(dw, db)`` pair. Other keywords as in :func:`conv_backward_data`.
     """
     nd = _rank_of(getattr(x, "shape", None), "x")
-    return _conv.backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups,
-                                 bias_grad=bias_grad, **kwargs)
+    if bias_grad:
+        kwargs["bias_grad"] = bias_grad
+    opts, out = options("conv_backward_weight", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, opts, out)
 
 
 def conv_backward_bias(dy):
@@ -103,19 +113,24 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, group
     equivalent convolution. Keywords as in :func:`conv_backward_data`.
     """
     nd = _rank_of(getattr(x, "shape", None), "x")
-    return _conv.transpose(nd, x, w, bias, stride, padding, output_padding, groups, dilation, **kwargs)
+    return _transpose(nd, x, w, bias, stride, padding, output_padding, groups, dilation, kwargs)
 
 
 def conv_transpose1d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, **kwargs):
-    return _conv.transpose(1, x, w, bias, stride, padding, output_padding, groups, dilation, **kwargs)
+    return _transpose(1, x, w, bias, stride, padding, output_padding, groups, dilation, kwargs)
 
 
 def conv_transpose2d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, **kwargs):
-    return _conv.transpose(2, x, w, bias, stride, padding, output_padding, groups, dilation, **kwargs)
+    return _transpose(2, x, w, bias, stride, padding, output_padding, groups, dilation, kwargs)
 
 
 def conv_transpose3d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, **kwargs):
-    return _conv.transpose(3, x, w, bias, stride, padding, output_padding, groups, dilation, **kwargs)
+    return _transpose(3, x, w, bias, stride, padding, output_padding, groups, dilation, kwargs)
+
+
+def _transpose(nd, x, w, bias, stride, padding, output_padding, groups, dilation, kwargs):
+    opts, out = options("conv_transpose", kwargs) if kwargs else _NO_KEYWORDS
+    return _conv.transpose(nd, x, w, bias, stride, padding, output_padding, groups, dilation, opts, out)
 
 
 for _nd, _f in ((1, conv_transpose1d), (2, conv_transpose2d), (3, conv_transpose3d)):
@@ -128,7 +143,7 @@ def conv_plan(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwar
     ``plan(x)`` (or ``plan(x, out=y)``) is a single vendor call. Arguments as in
     :func:`conv`, without ``out`` and ``beta``. The rank comes from x."""
     nd = _rank_of(getattr(x, "shape", None), "x")
-    return _conv.ConvPlan(nd, x, w, bias, stride, padding, dilation, groups, **kwargs)
+    return _conv.ConvPlan(nd, x, w, bias, stride, padding, dilation, groups, options("conv_plan", kwargs)[0])
 
 
 def plan_cache_info() -> dict:

@@ -1,129 +1,71 @@
-"""The convolution API: argument rules, output shapes, dispatch to the shim of the arrays'
-device, and the per-call fast path.
+"""The convolution ops: argument rules, dispatch to the shims of the arrays' device, and the
+per-call fast path.
 
 Every argument is checked here, before any vendor call, and a bad one raises ValueError or
 TypeError naming the argument, its value and the rule. A validated call pattern (shapes,
-dtypes, devices, layout, parameters) is remembered, so a repeated call costs a dict lookup,
-an output allocation and one call into the core, whose plan cache holds the vendor plan.
+dtypes, devices, layout, geometry, options) is remembered, so a repeated call costs one dict
+lookup, an output allocation and one call into the core, whose plan cache holds the vendor
+plan. The keyword options of a call arrive as one ConvOptions (see _options).
 """
 
 from __future__ import annotations
 
-import operator
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from . import _core
-from ._adapters import _BY_TYPE, adapter_for, is_channels_last
+from ._adapters import _BY_TYPE, adapter_for
 from ._discovery import REGISTRY, device_name
+from ._geometry import (
+    KERNEL,
+    SPATIAL,
+    Geometry,
+    as_groups,
+    as_int,
+    equivalent_convolution,
+    geometry,
+    is_channels_last,
+    kept_rows,
+    output_padding,
+    output_sizes,
+    transposed_output_sizes,
+)
+from ._options import ACTIVATIONS, ConvOptions
 
-FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT = 0, 1, 2
-_SPATIAL = {1: "W", 2: "H, W", 3: "D, H, W"}
-_KERNEL = {1: "S", 2: "R, S", 3: "T, R, S"}
+__all__ = ["ACTIVATIONS", "BACKWARD_DATA", "BACKWARD_WEIGHT", "FORWARD", "ConvPlan"]
 
-ACTIVATIONS = {
-    # name: (ABI code, number of parameters)
-    "relu": (1, 0),
-    "leaky_relu": (2, 1),  # ("leaky_relu", negative_slope)
-    "clip": (3, 2),  # ("clip", lo, hi); ("clip", 0, 6) is relu6
-    "sigmoid": (4, 0),
-    "tanh": (5, 0),
-    "gelu_tanh": (6, 0),
-    "gelu": (7, 0),  # exact (erf)
-    "silu": (8, 0),
-}
-
-_ALGORITHMS = {"heuristic": 0, "benchmark": 1}
-_DETERMINISTIC, _REDUCED_PRECISION = 1, 2
-# Reduced precision by default where PyTorch allows it for convolutions by default
-# (torch.backends.cudnn.allow_tf32 is True: TF32 on NVIDIA); never on CPUs.
-_REDUCED_PRECISION_DEFAULT = {2: True}
+FORWARD = _core.CONV_FORWARD
+BACKWARD_DATA = _core.CONV_BACKWARD_DATA
+BACKWARD_WEIGHT = _core.CONV_BACKWARD_WEIGHT
+_TRANSPOSE = "transpose"  # the memo's tag for conv_transpose, which runs as BACKWARD_DATA
 
 _MEMO_LIMIT = 4096
-_memo: dict = {}
+_memo: dict = {}  # call pattern -> _Prepared (or _Transposed)
 
 
 # ------------------------------------------------------------------------------------------
-# Argument rules
+# Shims
 
 
-def _int(value, name: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name}: expected an integer, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}: expected an integer, got {value!r}") from None
+def _default_flags(shim, device_id: int) -> int:
+    """The FDNN_CONV_* flags the shim asks for on this device when the caller has no
+    preference (TF32 on NVIDIA as in PyTorch, 0 on CPUs): ABI 2.0 Device_Describe."""
+    describe = getattr(shim, "device_info", None)
+    if describe is not None:
+        return describe(device_id)["default_flags"]
+    # ABI 1.2 shims do not say (no Shim.device_info before the 2.0 merge): PyTorch's
+    # defaults. Delete these two lines with the merge.
+    return _core.CONV_ALLOW_REDUCED_PRECISION if shim.device_type == _core.DEVICE_CUDA else 0
 
 
-def _ints(value, nd: int, name: str, minimum: int) -> tuple:
-    """An int or a sequence of nd ints, each >= minimum."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != nd:
-            raise ValueError(f"{name}: expected an int or {nd} ints for a {nd}-D convolution, got {value!r}")
-        out = tuple(_int(v, name) for v in value)
-    else:
-        out = (_int(value, name),) * nd
-    if any(v < minimum for v in out):
-        raise ValueError(f"{name}: every value must be >= {minimum}, got {value!r}")
-    return out
-
-
-def _padding(padding, nd: int, stride: tuple, dilation: tuple, kernel: tuple) -> tuple:
-    """(lo, hi) per spatial dim from an int, nd ints, nd (lo, hi) pairs, 'same' or 'valid'."""
-    if isinstance(padding, str):
-        if padding == "valid":
-            return (0,) * nd, (0,) * nd
-        if padding == "same":
-            if any(s != 1 for s in stride):
-                raise ValueError(f"padding: 'same' needs stride 1 (as in PyTorch), got stride {stride}")
-            total = [d * (k - 1) for d, k in zip(dilation, kernel)]
-            lo = tuple(t // 2 for t in total)
-            return lo, tuple(t - l for t, l in zip(total, lo))
-        raise ValueError(f"padding: expected an int, a tuple, per-side pairs, 'same' or 'valid', got {padding!r}")
-    if isinstance(padding, (list, tuple)) and padding and all(isinstance(p, (list, tuple)) for p in padding):
-        if len(padding) != nd or any(len(p) != 2 for p in padding):
-            raise ValueError(f"padding: per-side padding needs {nd} (lo, hi) pairs, got {padding!r}")
-        lo = tuple(_int(p[0], "padding") for p in padding)
-        hi = tuple(_int(p[1], "padding") for p in padding)
-    else:
-        lo = hi = _ints(padding, nd, "padding", minimum=-(1 << 62))
-    if any(v < 0 for v in lo + hi):
-        raise ValueError(f"padding: must be >= 0, got {padding!r}")
-    return lo, hi
-
-
-def _activation(activation) -> tuple:
-    """(code, alpha, beta) from None, a name, or (name, *params)."""
-    if activation is None:
-        return 0, 0.0, 0.0
-    name, params = (activation, ()) if isinstance(activation, str) else (activation[0], tuple(activation[1:]))
-    if name not in ACTIVATIONS:
-        raise ValueError(f"activation: unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
-    code, count = ACTIVATIONS[name]
-    if len(params) not in ((count,) if name != "leaky_relu" else (0, 1)):
-        raise ValueError(f"activation: {name!r} takes {count} parameter(s), got {activation!r}")
-    if name == "leaky_relu" and not params:
-        params = (0.01,)  # PyTorch's default negative_slope
-    values = [float(p) for p in params] + [0.0, 0.0]
-    return code, values[0], values[1]
-
-
-def _flags(deterministic, allow_reduced_precision, device_type: int) -> int:
-    if allow_reduced_precision is None:
-        allow_reduced_precision = _REDUCED_PRECISION_DEFAULT.get(device_type, False)
-    return (_DETERMINISTIC if deterministic else 0) | (_REDUCED_PRECISION if allow_reduced_precision else 0)
-
-
-def _algorithm(algorithm) -> tuple:
-    if isinstance(algorithm, str):
-        if algorithm not in _ALGORITHMS:
-            raise ValueError(f"algorithm: expected 'heuristic', 'benchmark' or an algorithm id, got {algorithm!r}")
-        return _ALGORITHMS[algorithm], 0
-    return 2, _int(algorithm, "algorithm")
-
-
-def conv_output_size(size: int, kernel: int, stride: int, dilation: int, lo: int, hi: int) -> int:
-    return (size + lo + hi - dilation * (kernel - 1) - 1) // stride + 1
+def _candidates(problem) -> list:
+    """The usable shims (discovery entries) for the problem's device that compute its dtype
+    and op, in the order they are asked; the first is REGISTRY.shim_for's. Raises as shim_for
+    does when there is none."""
+    (device_type, device_id), dtype, argument = problem.device, problem.dtype, problem.argument
+    candidates = getattr(REGISTRY, "candidates", None)
+    if candidates is None:  # before the ABI 2.0 merge the registry has one answer
+        return [REGISTRY.shim_for(device_type, dtype, device_id, argument)]
+    return list(candidates(device_type, dtype, device_id, argument, problem.op))
 
 
 # ------------------------------------------------------------------------------------------
@@ -131,7 +73,7 @@ def conv_output_size(size: int, kernel: int, stride: int, dilation: int, lo: int
 
 
 class _Operand(NamedTuple):
-    """What we need of one array argument."""
+    """What we need of one array argument (slow path only)."""
 
     name: str
     array: object
@@ -143,8 +85,7 @@ class _Operand(NamedTuple):
 
 def _operand(array, name: str) -> _Operand:
     adapter = adapter_for(array, name)
-    return _Operand(name, array, adapter, adapter.shape(array), adapter.dtype_name(array, name),
-                    adapter.device(array))
+    return _Operand(name, array, adapter, adapter.shape(array), adapter.dtype_name(array, name), adapter.device(array))
 
 
 def _device_text(device: tuple) -> str:
@@ -156,11 +97,15 @@ def _check_same(ops: list) -> None:
     first = ops[0]
     for op in ops[1:]:
         if op.device != first.device:
-            raise ValueError(f"{op.name} is on {_device_text(op.device)} but {first.name} is on "
-                             f"{_device_text(first.device)}; all arrays must be on one device")
+            raise ValueError(
+                f"{op.name} is on {_device_text(op.device)} but {first.name} is on "
+                f"{_device_text(first.device)}; all arrays must be on one device"
+            )
         if op.dtype != first.dtype:
-            raise TypeError(f"{op.name}: dtype {op.dtype} differs from {first.name}'s dtype {first.dtype}; "
-                            "all arrays of a convolution must share one dtype")
+            raise TypeError(
+                f"{op.name}: dtype {op.dtype} differs from {first.name}'s dtype {first.dtype}; "
+                "all arrays of a convolution must share one dtype"
+            )
 
 
 def _check_rank(op: _Operand, nd: int, what: str) -> None:
@@ -170,376 +115,440 @@ def _check_rank(op: _Operand, nd: int, what: str) -> None:
         raise ValueError(f"{op.name}: every dimension but N must be >= 1, got shape {op.shape}")
 
 
-def _check_channels(C: int, K: int, wshape: tuple, groups: int, x_name: str, w_name: str, xshape: tuple) -> None:
+def _check_channels(C: int, w_shape: tuple, groups: int, x_name: str, w_name: str, x_shape: tuple) -> None:
+    K = w_shape[0]
     if C % groups:
-        raise ValueError(f"groups: {groups} does not divide the {C} channels of {x_name} (shape {xshape})")
+        raise ValueError(f"groups: {groups} does not divide the {C} channels of {x_name} (shape {x_shape})")
     if K % groups:
-        raise ValueError(f"groups: {groups} does not divide the {K} output channels (w.shape[0]) of {w_name} (shape {wshape})")
-    if wshape[1] * groups != C:
-        raise ValueError(f"{w_name}: shape {wshape} has C/groups = {wshape[1]}, but {x_name} has C = {C} "
-                         f"with groups = {groups}, so {w_name}.shape[1] must be {C // groups}")
+        raise ValueError(
+            f"groups: {groups} does not divide the {K} output channels (w.shape[0]) of {w_name} (shape {w_shape})"
+        )
+    if w_shape[1] * groups != C:
+        raise ValueError(
+            f"{w_name}: shape {w_shape} has C/groups = {w_shape[1]}, but {x_name} has C = {C} "
+            f"with groups = {groups}, so {w_name}.shape[1] must be {C // groups}"
+        )
 
 
-def _spatial_out(nd: int, in_sp: tuple, kernel: tuple, stride, dilation, lo, hi, x_name: str) -> tuple:
-    out = []
-    for i in range(nd):
-        extent = dilation[i] * (kernel[i] - 1) + 1
-        padded = in_sp[i] + lo[i] + hi[i]
-        if padded < extent:
-            raise ValueError(f"w: the effective kernel size {extent} (kernel {kernel[i]}, dilation {dilation[i]}) "
-                             f"of spatial dim {i} is larger than the padded input size {padded} "
-                             f"({x_name} size {in_sp[i]} + padding {lo[i]} + {hi[i]})")
-        out.append(conv_output_size(in_sp[i], kernel[i], stride[i], dilation[i], lo[i], hi[i]))
-    return tuple(out)
+def _check_bias(bo: _Operand | None, channels: int) -> None:
+    if bo is not None and bo.shape != (channels,):
+        raise ValueError(f"bias: expected shape ({channels},) (one value per output channel), got {bo.shape}")
 
 
-def _shim_for(first: _Operand):
-    """The first shim of the arrays' device that computes their dtype here, as the shims
-    report it; TypeError naming the dtype and what each shim computes otherwise."""
-    return REGISTRY.shim_for(first.device[0], first.dtype, first.device[1], first.name)
+def _shape_arg(shape, nd: int, name: str, what: str) -> tuple:
+    if not isinstance(shape, (list, tuple)) or len(shape) != nd + 2:
+        raise ValueError(f"{name}: expected {nd + 2} ints ({what}) for a {nd}-D convolution, got {shape!r}")
+    out = tuple(as_int(s, name) for s in shape)
+    if any(s < 1 for s in out[1:]) or out[0] < 0:
+        raise ValueError(f"{name}: every size must be >= 1 (N >= 0), got {shape!r}")
+    return out
 
 
-_outs_checked: set = set()
-
-
-def _check_out_once(call_key, out, name: str, shape: tuple, like_array, like_name: str) -> None:
-    """_check_out, skipped for an out array of a kind (adapter key) already checked for this
-    call pattern: repeated out= calls then cost a set lookup, not a validation."""
-    try:
-        seen = (call_key, _sig(out, name)[1])
-        if seen in _outs_checked:
-            return
-    except TypeError:
-        seen = None
-    _check_out(out, name, shape, _operand(like_array, like_name))
-    if seen is not None:
-        if len(_outs_checked) >= _MEMO_LIMIT:
-            _outs_checked.clear()
-        _outs_checked.add(seen)
-
-
-def _check_out(out, name: str, shape: tuple, like: _Operand) -> _Operand:
-    op = _operand(out, name)
-    if op.shape != shape:
-        raise ValueError(f"{name}: shape {op.shape} does not match the result's shape {shape}")
-    _check_same([like, op])
-    return op
+def _check_output_of(nd, x_shape, w_shape, dy_shape, geo: Geometry, x_name: str, w_name: str) -> None:
+    """x, w and dy shapes are one convolution (the backward ops)."""
+    _check_channels(x_shape[1], w_shape, geo.groups, x_name, w_name, x_shape)
+    expected = (x_shape[0], w_shape[0], *output_sizes(x_shape[2:], w_shape[2:], geo, x_name))
+    if tuple(dy_shape) != expected:
+        raise ValueError(
+            f"dy: shape {tuple(dy_shape)} is not the output shape {expected} of the convolution of "
+            f"{x_name} {x_shape} with {w_name} {w_shape} (stride {geo.stride}, padding {geo.padding()}, "
+            f"dilation {geo.dilation}, groups {geo.groups})"
+        )
 
 
 # ------------------------------------------------------------------------------------------
 # Prepared call patterns
 
 
+class _Problem(NamedTuple):
+    """A checked convolution, before a shim is chosen (holds no array)."""
+
+    op: int
+    nd: int
+    geometry: Geometry
+    options: ConvOptions
+    device: tuple
+    dtype: str
+    argument: str  # the operand named when no shim computes the dtype
+
+
 class _Prepared(NamedTuple):
+    """A checked call pattern with the shim that serves it."""
+
     shim: object  # _core.Shim
     spec: object  # _core.ConvSpec
     out_shape: tuple
-    channels_last: bool
-    bias_out_shape: Optional[tuple]  # backward-weight's bias gradient, when asked for
+    channels_last: bool  # outputs flux_dnn allocates are channels-last
+    bias_out_shape: tuple | None  # backward-weight's bias gradient, when asked for
     gpu: bool  # the arrays are on a device whose work is ordered on a stream
+    # a CPU pattern whose arrays are handed to the core as they are (NumPy's, not torch's)
+    direct: bool
+    empty: object  # allocates outputs: the adapter's empty(like, shape, channels_last)
+    problem: _Problem
+    outs: dict  # adapter key of an out= array already checked -> whether it is handed over as it is
 
 
-def _remember(key, prepared: _Prepared) -> _Prepared:
+def _spec(problem: _Problem, shim) -> object:
+    geo, options = problem.geometry, problem.options
+    activation, activation_alpha, activation_beta = options.activation_code()
+    policy, algo_id = options.algorithm_policy()
+    return _core.ConvSpec(
+        problem.op,
+        problem.nd,
+        list(geo.stride),
+        list(geo.dilation),
+        list(geo.lo),
+        list(geo.hi),
+        geo.groups,
+        options.alpha,
+        options.beta,
+        activation,
+        activation_alpha,
+        activation_beta,
+        options.flags(_default_flags(shim, problem.device[1])),
+        policy,
+        algo_id,
+        options.workspace_limit,
+    )
+
+
+def _prepare(problem: _Problem, inputs: list, out_shape: tuple, channels_last: bool, bias_out_shape=None):
+    """The pattern served by the first shim for the problem's device and dtype; inputs: the
+    operands read, the first of which owns the outputs flux_dnn allocates."""
+    shim = _candidates(problem)[0].shim
+    gpu = problem.device[0] != _core.DEVICE_CPU
+    direct = not gpu and all(op.adapter.exports_itself for op in inputs)
+    return _Prepared(
+        shim,
+        _spec(problem, shim),
+        out_shape,
+        channels_last,
+        bias_out_shape,
+        gpu,
+        direct,
+        inputs[0].adapter.empty,
+        problem,
+        {},
+    )
+
+
+def _remember(key, prepared):
+    """(key, prepared), remembered unless key cannot be (an unhashable argument such as a
+    list, then validated on every call; key None)."""
     try:
         hash(key)
     except TypeError:
-        return prepared
+        return None, prepared
     if len(_memo) >= _MEMO_LIMIT:
         _memo.clear()
     _memo[key] = prepared
-    return prepared
+    return key, prepared
 
 
-def _make_spec(op, nd, stride, dilation, lo, hi, groups, alpha, beta, activation, flags, algorithm, workspace_limit):
-    policy, algo_id = _algorithm(algorithm)
-    act, act_a, act_b = _activation(activation)
-    return _core.ConvSpec(op, nd, list(stride), list(dilation), list(lo), list(hi), groups,
-                          float(alpha), float(beta), act, act_a, act_b, flags, policy, algo_id,
-                          None if workspace_limit is None else _int(workspace_limit, "workspace_limit"))
+def _key(a, name: str):
+    """The memo key of an array argument (None for None)."""
+    return None if a is None else (_BY_TYPE.get(type(a)) or adapter_for(a, name)).key(a)
 
 
-def _check_beta(beta, out) -> None:
-    if beta != 0.0 and out is None:
-        raise ValueError(f"beta: beta={beta!r} accumulates into an existing output, so it needs out=")
-
-
-def _adapter(a, name: str):
-    return _BY_TYPE.get(type(a)) or adapter_for(a, name)
-
-
-def _sig(a, name: str) -> tuple:
-    """(adapter, memo key) of an array argument; None gives (None, None)."""
-    if a is None:
-        return None, None
-    ad = _adapter(a, name)
-    return ad, ad.key(a)
-
-
-def _export(a, name: str):
+def _export(a, name: str = "out"):
     """What the core receives for an array: the array itself, or a DLPack capsule made by its
-    library's fast exporter (torch)."""
-    return _adapter(a, name).export(a)
-
-
-def _lookup(key):
-    """The prepared call for a memo key, or None (also for unhashable arguments, such as
-    lists, which are then validated on every call)."""
-    try:
-        return _memo.get(key)
-    except TypeError:
+    library's fast exporter (torch). A capsule is consumed by one call."""
+    if a is None:
         return None
+    return (_BY_TYPE.get(type(a)) or adapter_for(a, name)).export(a)
 
 
-def _execute(prepared: _Prepared, x, w, y, bias, ad, like) -> None:
-    """Run the prepared call; ad/like: the adapter and array whose library owns the work."""
+def _check_out(prepared: _Prepared, out, name: str, shape: tuple, like, like_name: str) -> bool:
+    """out fits the pattern: its shape, and the dtype and device of `like`. Checked once per
+    kind of out array (its adapter key) and pattern, then a dict lookup. Returns whether out
+    is handed to the core as it is."""
+    adapter = _BY_TYPE.get(type(out))
+    try:
+        return prepared.outs[adapter.key(out)]
+    except (AttributeError, KeyError, TypeError):  # no adapter yet, not seen, or unhashable
+        pass
+    op = _operand(out, name)
+    if op.shape != shape:
+        raise ValueError(f"{name}: shape {op.shape} does not match the result's shape {shape}")
+    _check_same([_operand(like, like_name), op])
+    direct = op.adapter.exports_itself
+    try:
+        prepared.outs[op.adapter.key(out)] = direct
+    except TypeError:
+        pass
+    return direct
+
+
+def _execute(prepared: _Prepared, direct: bool, x, w, y, bias, like) -> _Prepared | None:
+    """Runs the pattern on the ABI's x, w, y and bias (the caller's arrays, bias maybe None);
+    like: the array whose library owns the work (its stream and workspace allocator); direct:
+    every array goes to the core as it is. Returns None, or the pattern served by another
+    shim when the pattern's own refused it."""
+    try:
+        if direct:
+            _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, None, None)
+        else:
+            _run_exported(prepared, x, w, y, bias, like)
+    except _core.UnsupportedError as refusal:
+        return _call_elsewhere(prepared, refusal, x, w, y, bias, like)
+    return None
+
+
+def _run_exported(prepared: _Prepared, x, w, y, bias, like) -> None:
+    """The core call with each array exported by its library, on like's stream on GPUs."""
     if prepared.gpu:
-        _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, ad.stream(like), lambda n: ad.workspace(like, n))
+        adapter = _BY_TYPE[type(like)]
+        stream, workspace = adapter.stream(like), lambda n: adapter.workspace(like, n)
     else:
-        _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, None, None)
+        stream = workspace = None
+    x, w, y, bias = _export(x), _export(w), _export(y), _export(bias, "bias")
+    _core.run_conv(prepared.shim, prepared.spec, x, w, y, bias, stream, workspace)
+
+
+def _call_elsewhere(prepared: _Prepared, refusal, x, w, y, bias, like) -> _Prepared:
+    """The pattern's shim refused the problem when making its plan (FDNN_ERROR_UNSUPPORTED;
+    nothing was written): ask the device's next shims in order and return the pattern with
+    the first that takes it. UnsupportedError with what each shim said when none does."""
+    problem = prepared.problem
+    said = [f"shim {prepared.shim.name!r}: {refusal}"]
+    for entry in _candidates(problem):
+        if entry.shim is prepared.shim:
+            continue
+        attempt = prepared._replace(shim=entry.shim, spec=_spec(problem, entry.shim), outs={})
+        try:
+            _run_exported(attempt, x, w, y, bias, like)
+        except _core.UnsupportedError as another:
+            said.append(f"shim {entry.shim.name!r}: {another}")
+            continue
+        return attempt
+    raise _core.UnsupportedError(_refusals(problem.device[0], said)) from refusal
+
+
+def _refusals(device_type: int, said: list) -> str:
+    return f"no shim for {device_name(device_type)} arrays can compute this convolution:\n  " + "\n  ".join(said)
 
 
 # ------------------------------------------------------------------------------------------
 # Forward
+#
+# Each op first tries its memo: the key is made of the arrays' adapter keys and the other
+# arguments as given, so a repeated call validates nothing. A KeyError (a new pattern, or an
+# array type not seen yet) or a TypeError (an unhashable argument, such as a list) leads to
+# the checks, which raise the errors users see.
 
 
-def forward(nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None,
-            out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
-            algorithm="heuristic", workspace_limit=None):
-    _check_beta(beta, out)
-    ax, kx = _sig(x, "x")
-    aw, kw = _sig(w, "w")
-    ab, kb = _sig(bias, "bias")
-    key = (FORWARD, nd, kx, kw, kb, stride, padding, dilation, groups, activation, alpha, beta,
-           deterministic, allow_reduced_precision, algorithm, workspace_limit)
-    prepared = _lookup(key)
-    if prepared is None:
-        prepared = _remember(key, _prepare_forward(
-            nd, _operand(x, "x"), _operand(w, "w"), None if bias is None else _operand(bias, "bias"),
-            stride, padding, dilation, groups, activation, alpha, beta, deterministic,
-            allow_reduced_precision, algorithm, workspace_limit))
+def forward(nd: int, x, w, bias, stride, padding, dilation, groups, options: ConvOptions, out=None):
+    try:
+        kb = None if bias is None else _BY_TYPE[type(bias)].key(bias)
+        key = (FORWARD, nd, _BY_TYPE[type(x)].key(x), _BY_TYPE[type(w)].key(w), kb, stride, padding, dilation,
+               groups, options)  # fmt: skip
+        prepared = _memo[key]
+    except (KeyError, TypeError):
+        key, prepared = _new_forward(nd, x, w, bias, stride, padding, dilation, groups, options)
     if out is None:
-        out = ax.empty(x, prepared.out_shape, prepared.channels_last)
+        out = prepared.empty(x, prepared.out_shape, prepared.channels_last)
+        direct = prepared.direct
     else:
-        _check_out_once(key, out, "out", prepared.out_shape, x, "x")
-    if prepared.out_shape[0] == 0:
-        return out
-    _execute(prepared, ax.export(x), aw.export(w), _export(out, "out"), None if bias is None else ab.export(bias),
-             ax, x)
+        direct = _check_out(prepared, out, "out", prepared.out_shape, x, "x") and prepared.direct
+    if prepared.out_shape[0] != 0 and (moved := _execute(prepared, direct, x, w, out, bias, x)) is not None:
+        _remember(key, moved)
     return out
 
 
-def _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, activation, alpha, beta,
-                     deterministic, allow_reduced_precision, algorithm, workspace_limit) -> _Prepared:
-    _check_rank(xo, nd, f"N, C, {_SPATIAL[nd]}")
-    _check_rank(wo, nd, f"K, C/groups, {_KERNEL[nd]}")
-    groups = _int(groups, "groups")
-    if groups < 1:
-        raise ValueError(f"groups: must be >= 1, got {groups}")
-    N, C, K = xo.shape[0], xo.shape[1], wo.shape[0]
-    _check_channels(C, K, wo.shape, groups, "x", "w", xo.shape)
-    stride = _ints(stride, nd, "stride", 1)
-    dilation = _ints(dilation, nd, "dilation", 1)
-    kernel = wo.shape[2:]
-    lo, hi = _padding(padding, nd, stride, dilation, kernel)
-    out_sp = _spatial_out(nd, xo.shape[2:], kernel, stride, dilation, lo, hi, "x")
-    operands = [xo, wo]
-    if bo is not None:
-        if bo.shape != (K,):
-            raise ValueError(f"bias: expected shape ({K},) (one value per output channel), got {bo.shape}")
-        operands.append(bo)
+def _new_forward(nd, x, w, bias, stride, padding, dilation, groups, options) -> tuple:
+    xo, wo = _operand(x, "x"), _operand(w, "w")
+    bo = None if bias is None else _operand(bias, "bias")
+    prepared = _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options)
+    key = (FORWARD, nd, xo.adapter.key(x), wo.adapter.key(w), _key(bias, "bias"), stride, padding, dilation,
+           groups, options)  # fmt: skip
+    return _remember(key, prepared)
+
+
+def _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options) -> _Prepared:
+    _check_rank(xo, nd, f"N, C, {SPATIAL[nd]}")
+    _check_rank(wo, nd, f"K, C/groups, {KERNEL[nd]}")
+    geo = geometry(nd, wo.shape[2:], stride, padding, dilation, groups)
+    _check_channels(xo.shape[1], wo.shape, geo.groups, "x", "w", xo.shape)
+    out_shape = (xo.shape[0], wo.shape[0], *output_sizes(xo.shape[2:], wo.shape[2:], geo))
+    _check_bias(bo, wo.shape[0])
+    operands = [xo, wo] if bo is None else [xo, wo, bo]
     _check_same(operands)
-    entry = _shim_for(xo)
-    flags = _flags(deterministic, allow_reduced_precision, xo.device[0])
-    spec = _make_spec(FORWARD, nd, stride, dilation, lo, hi, groups, alpha, beta, activation, flags,
-                      algorithm, workspace_limit)
-    channels_last = is_channels_last(xo.shape, xo.adapter.strides(xo.array))
-    return _Prepared(entry.shim, spec, (N, K, *out_sp), channels_last, None, xo.device[0] != 1)
+    problem = _Problem(FORWARD, nd, geo, options, xo.device, xo.dtype, "x")
+    return _prepare(problem, operands, out_shape, is_channels_last(xo.shape, xo.adapter.strides(xo.array)))
 
 
 # ------------------------------------------------------------------------------------------
-# Backward data, backward weight, transposed
+# Backward data, backward weight
 
 
-def _shape_arg(shape, nd: int, name: str, what: str) -> tuple:
-    if not isinstance(shape, (list, tuple)) or len(shape) != nd + 2:
-        raise ValueError(f"{name}: expected {nd + 2} ints ({what}) for a {nd}-D convolution, got {shape!r}")
-    out = tuple(_int(s, name) for s in shape)
-    if any(s < 1 for s in out[1:]) or out[0] < 0:
-        raise ValueError(f"{name}: every size must be >= 1 (N >= 0), got {shape!r}")
-    return out
-
-
-def _geometry(nd, x_shape, w_shape, dy_shape, stride, padding, dilation, groups, x_name, w_name):
-    """Checks that x, w and dy shapes are one convolution; returns (stride, dilation, lo, hi)."""
-    groups = _int(groups, "groups")
-    if groups < 1:
-        raise ValueError(f"groups: must be >= 1, got {groups}")
-    _check_channels(x_shape[1], w_shape[0], w_shape, groups, x_name, w_name, x_shape)
-    stride = _ints(stride, nd, "stride", 1)
-    dilation = _ints(dilation, nd, "dilation", 1)
-    lo, hi = _padding(padding, nd, stride, dilation, w_shape[2:])
-    out_sp = _spatial_out(nd, x_shape[2:], w_shape[2:], stride, dilation, lo, hi, x_name)
-    expected = (x_shape[0], w_shape[0], *out_sp)
-    if tuple(dy_shape) != expected:
-        raise ValueError(f"dy: shape {tuple(dy_shape)} is not the output shape {expected} of the convolution of "
-                         f"{x_name} {x_shape} with {w_name} {w_shape} (stride {stride}, padding {tuple(zip(lo, hi))}, "
-                         f"dilation {dilation}, groups {groups})")
-    return stride, dilation, lo, hi, groups
-
-
-def _backward_spec(op, nd, geometry, alpha, beta, deterministic, allow_reduced_precision, algorithm,
-                   workspace_limit, device_type):
-    stride, dilation, lo, hi, groups = geometry
-    flags = _flags(deterministic, allow_reduced_precision, device_type)
-    return _make_spec(op, nd, stride, dilation, lo, hi, groups, alpha, beta, None, flags, algorithm, workspace_limit)
-
-
-def backward_data(nd, dy, w, input_shape, stride=1, padding=0, dilation=1, groups=1, *, out=None,
-                  alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
-                  algorithm="heuristic", workspace_limit=None):
-    _check_beta(beta, out)
-    ady, kdy = _sig(dy, "dy")
-    aw, kw = _sig(w, "w")
-    key = (BACKWARD_DATA, nd, kdy, kw, tuple(input_shape) if isinstance(input_shape, list) else input_shape,
-           stride, padding, dilation, groups, alpha, beta, deterministic, allow_reduced_precision, algorithm,
-           workspace_limit)
-    prepared = _lookup(key)
-    if prepared is None:
-        dyo, wo = _operand(dy, "dy"), _operand(w, "w")
-        _check_rank(dyo, nd, f"N, K, {_SPATIAL[nd]}")
-        _check_rank(wo, nd, f"K, C/groups, {_KERNEL[nd]}")
-        x_shape = _shape_arg(input_shape, nd, "input_shape", f"N, C, {_SPATIAL[nd]}")
-        geometry = _geometry(nd, x_shape, wo.shape, dyo.shape, stride, padding, dilation, groups, "input_shape", "w")
-        _check_same([dyo, wo])
-        entry = _shim_for(dyo)
-        spec = _backward_spec(BACKWARD_DATA, nd, geometry, alpha, beta, deterministic, allow_reduced_precision,
-                              algorithm, workspace_limit, dyo.device[0])
-        prepared = _remember(key, _Prepared(entry.shim, spec, x_shape,
-                                            is_channels_last(dyo.shape, dyo.adapter.strides(dy)), None,
-                                            dyo.device[0] != 1))
+def backward_data(nd: int, dy, w, input_shape, stride, padding, dilation, groups, options: ConvOptions, out=None):
+    if type(input_shape) is list:  # hashable, for the memo
+        input_shape = tuple(input_shape)
+    try:
+        key = (BACKWARD_DATA, nd, _BY_TYPE[type(dy)].key(dy), _BY_TYPE[type(w)].key(w), input_shape, stride,
+               padding, dilation, groups, options)  # fmt: skip
+        prepared = _memo[key]
+    except (KeyError, TypeError):
+        key, prepared = _new_backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, options)
     if out is None:
-        out = ady.empty(dy, prepared.out_shape, prepared.channels_last)
+        out = prepared.empty(dy, prepared.out_shape, prepared.channels_last)
+        direct = prepared.direct
     else:
-        _check_out_once(key, out, "out", prepared.out_shape, dy, "dy")
-    if prepared.out_shape[0] == 0:
-        return out
-    _execute(prepared, _export(out, "out"), aw.export(w), ady.export(dy), None, ady, dy)
+        direct = _check_out(prepared, out, "out", prepared.out_shape, dy, "dy") and prepared.direct
+    if prepared.out_shape[0] != 0 and (moved := _execute(prepared, direct, out, w, dy, None, dy)) is not None:
+        _remember(key, moved)
     return out
 
 
-def backward_weight(nd, x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, bias_grad=False,
-                    out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
-                    algorithm="heuristic", workspace_limit=None):
-    _check_beta(beta, out)
-    ax, kx = _sig(x, "x")
-    ady, kdy = _sig(dy, "dy")
-    key = (BACKWARD_WEIGHT, nd, kx, kdy, tuple(weight_shape) if isinstance(weight_shape, list) else weight_shape,
-           bool(bias_grad), stride, padding, dilation, groups, alpha, beta, deterministic, allow_reduced_precision,
-           algorithm, workspace_limit)
-    prepared = _lookup(key)
-    if prepared is None:
-        xo, dyo = _operand(x, "x"), _operand(dy, "dy")
-        _check_rank(xo, nd, f"N, C, {_SPATIAL[nd]}")
-        _check_rank(dyo, nd, f"N, K, {_SPATIAL[nd]}")
-        w_shape = _shape_arg(weight_shape, nd, "weight_shape", f"K, C/groups, {_KERNEL[nd]}")
-        if w_shape[0] < 1:
-            raise ValueError(f"weight_shape: K must be >= 1, got {weight_shape!r}")
-        geometry = _geometry(nd, xo.shape, w_shape, dyo.shape, stride, padding, dilation, groups, "x", "weight_shape")
-        _check_same([xo, dyo])
-        entry = _shim_for(xo)
-        spec = _backward_spec(BACKWARD_WEIGHT, nd, geometry, alpha, beta, deterministic, allow_reduced_precision,
-                              algorithm, workspace_limit, xo.device[0])
-        prepared = _remember(key, _Prepared(entry.shim, spec, w_shape, False, (w_shape[0],) if bias_grad else None,
-                                            xo.device[0] != 1))
+def _new_backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, options) -> tuple:
+    x_shape = _shape_arg(input_shape, nd, "input_shape", f"N, C, {SPATIAL[nd]}")
+    dyo, wo = _operand(dy, "dy"), _operand(w, "w")
+    _check_rank(dyo, nd, f"N, K, {SPATIAL[nd]}")
+    _check_rank(wo, nd, f"K, C/groups, {KERNEL[nd]}")
+    geo = geometry(nd, wo.shape[2:], stride, padding, dilation, groups)
+    prepared = _prepare_backward_data(nd, dyo, wo, x_shape, geo, options)
+    key = (BACKWARD_DATA, nd, dyo.adapter.key(dy), wo.adapter.key(w), input_shape, stride, padding, dilation,
+           groups, options)  # fmt: skip
+    return _remember(key, prepared)
+
+
+def _prepare_backward_data(nd, dyo, wo, x_shape, geo, options, x_name="input_shape") -> _Prepared:
+    _check_output_of(nd, x_shape, wo.shape, dyo.shape, geo, x_name, "w")
+    _check_same([dyo, wo])
+    problem = _Problem(BACKWARD_DATA, nd, geo, options, dyo.device, dyo.dtype, "dy")
+    return _prepare(problem, [dyo, wo], x_shape, is_channels_last(dyo.shape, dyo.adapter.strides(dyo.array)))
+
+
+def backward_weight(nd: int, x, dy, weight_shape, stride, padding, dilation, groups, options: ConvOptions, out=None):
+    if type(weight_shape) is list:  # hashable, for the memo
+        weight_shape = tuple(weight_shape)
+    try:
+        key = (BACKWARD_WEIGHT, nd, _BY_TYPE[type(x)].key(x), _BY_TYPE[type(dy)].key(dy), weight_shape, stride,
+               padding, dilation, groups, options)  # fmt: skip
+        prepared = _memo[key]
+    except (KeyError, TypeError):
+        key, prepared = _new_backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, options)
     dw_out, db_out = out, None
-    if bias_grad and out is not None:
+    if options.bias_grad and out is not None:
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise ValueError("out: with bias_grad=True, out must be a (dw, db) pair")
         dw_out, db_out = out
+    direct = prepared.direct
     if dw_out is None:
-        dw = ax.empty(x, prepared.out_shape, False)
+        dw = prepared.empty(x, prepared.out_shape, False)
     else:
         dw = dw_out
-        _check_out_once(key, dw, "out", prepared.out_shape, x, "x")
+        direct = _check_out(prepared, dw, "out", prepared.out_shape, x, "x") and direct
     db = None
-    if bias_grad:
-        db = ax.empty(x, prepared.bias_out_shape, False) if db_out is None else db_out
-        if db_out is not None:
-            _check_out_once(key, db, "out[1]", prepared.bias_out_shape, x, "x")
+    if options.bias_grad:
+        if db_out is None:
+            db = prepared.empty(x, prepared.bias_out_shape, False)
+        else:
+            db = db_out
+            direct = _check_out(prepared, db, "out[1]", prepared.bias_out_shape, x, "x") and direct
     if x.shape[0] == 0:  # no samples: the gradient is zero (or out unchanged when accumulating)
         for a in (dw, db):
             if a is not None:
-                a[...] = a * beta if beta != 0.0 else 0
-        return (dw, db) if bias_grad else dw
-    _execute(prepared, ax.export(x), _export(dw, "out"), ady.export(dy), None if db is None else _export(db, "out"),
-             ax, x)
-    return (dw, db) if bias_grad else dw
+                a[...] = a * options.beta if options.beta != 0.0 else 0
+    elif (moved := _execute(prepared, direct, x, dw, dy, db, x)) is not None:
+        _remember(key, moved)
+    return (dw, db) if options.bias_grad else dw
 
 
-def transpose(nd, x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
-              out=None, alpha=1.0, beta=0.0, deterministic=False, allow_reduced_precision=None,
-              algorithm="heuristic", workspace_limit=None):
+def _new_backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, options) -> tuple:
+    w_shape = _shape_arg(weight_shape, nd, "weight_shape", f"K, C/groups, {KERNEL[nd]}")
+    if w_shape[0] < 1:
+        raise ValueError(f"weight_shape: K must be >= 1, got {weight_shape!r}")
+    xo, dyo = _operand(x, "x"), _operand(dy, "dy")
+    _check_rank(xo, nd, f"N, C, {SPATIAL[nd]}")
+    _check_rank(dyo, nd, f"N, K, {SPATIAL[nd]}")
+    geo = geometry(nd, w_shape[2:], stride, padding, dilation, groups)
+    _check_output_of(nd, xo.shape, w_shape, dyo.shape, geo, "x", "weight_shape")
+    _check_same([xo, dyo])
+    problem = _Problem(BACKWARD_WEIGHT, nd, geo, options, xo.device, xo.dtype, "x")
+    prepared = _prepare(problem, [xo, dyo], w_shape, False, (w_shape[0],) if options.bias_grad else None)
+    key = (BACKWARD_WEIGHT, nd, xo.adapter.key(x), dyo.adapter.key(dy), weight_shape, stride, padding, dilation,
+           groups, options)  # fmt: skip
+    return _remember(key, prepared)
+
+
+# ------------------------------------------------------------------------------------------
+# Transposed convolution
+
+
+class _Transposed(NamedTuple):
+    """A checked conv_transpose pattern: the backward-data op of the equivalent convolution,
+    which writes all of the output but `trim` trailing rows per dim (rows no window reaches)."""
+
+    prepared: _Prepared  # shim None when no row is within reach (output_padding's rows only)
+    out_shape: tuple
+    trim: tuple | None  # None: nothing trimmed
+
+
+def transpose(nd: int, x, w, bias, stride, padding, out_padding, groups, dilation, options: ConvOptions, out=None):
     """conv_transpose = backward-data of the convolution whose weights are w (C_in, C_out/g, *k)."""
+    try:
+        kb = None if bias is None else _BY_TYPE[type(bias)].key(bias)
+        key = (_TRANSPOSE, nd, _BY_TYPE[type(x)].key(x), _BY_TYPE[type(w)].key(w), kb, stride, padding,
+               out_padding, groups, dilation, options)  # fmt: skip
+        pattern = _memo[key]
+    except (KeyError, TypeError):
+        key, pattern = _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options)
+    prepared = pattern.prepared
+    if out is None:
+        y = prepared.empty(x, pattern.out_shape, prepared.channels_last)
+        direct = prepared.direct
+    else:
+        y = out
+        direct = _check_out(prepared, y, "out", pattern.out_shape, x, "x") and prepared.direct
+    moved = None
+    if pattern.trim is None:
+        if pattern.out_shape[0] != 0:
+            moved = _execute(prepared, direct, y, w, x, None, x)
+    else:
+        kept = kept_rows(pattern.out_shape[2:], pattern.trim)
+        if pattern.out_shape[0] != 0 and prepared.shim is not None:
+            moved = _execute(prepared, direct, y[(slice(None), slice(None), *kept)], w, x, None, x)
+        for i, t in enumerate(pattern.trim):  # the rows no window reaches, as disjoint blocks
+            if t:
+                block = y[(slice(None), slice(None), *kept[:i], slice(pattern.out_shape[2 + i] - t, None))]
+                block[...] = 0 if options.beta == 0.0 else block * options.beta
+    if moved is not None:
+        _remember(key, pattern._replace(prepared=moved))
+    if bias is not None:  # the ABI's backward-data has no bias epilogue: the library adds it
+        y += bias.reshape((1, -1) + (1,) * nd) * options.alpha
+    return y
+
+
+def _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options) -> tuple:
     xo, wo = _operand(x, "x"), _operand(w, "w")
-    _check_rank(xo, nd, f"N, C_in, {_SPATIAL[nd]}")
-    _check_rank(wo, nd, f"C_in, C_out/groups, {_KERNEL[nd]}")
-    g = _int(groups, "groups")
-    if g < 1:
-        raise ValueError(f"groups: must be >= 1, got {g}")
+    _check_rank(xo, nd, f"N, C_in, {SPATIAL[nd]}")
+    _check_rank(wo, nd, f"C_in, C_out/groups, {KERNEL[nd]}")
+    groups_checked = as_groups(groups)
     if xo.shape[1] != wo.shape[0]:
-        raise ValueError(f"w: a transposed convolution's w is (C_in, C_out/groups, ...) = ({xo.shape[1]}, ...), "
-                         f"but w has shape {wo.shape} for x of shape {xo.shape}")
-    stride_t = _ints(stride, nd, "stride", 1)
-    dilation_t = _ints(dilation, nd, "dilation", 1)
-    output_padding = _ints(output_padding, nd, "output_padding", 0)
-    for op, s, d in zip(output_padding, stride_t, dilation_t):
-        if op >= s and op >= d:
-            raise ValueError(f"output_padding: {output_padding} must be smaller than stride {stride_t} "
-                             f"or dilation {dilation_t} in every dim (as in PyTorch)")
-    if isinstance(padding, str):
-        raise ValueError(f"padding: a transposed convolution takes ints or (lo, hi) pairs, not {padding!r}")
-    lo, hi = _padding(padding, nd, stride_t, dilation_t, wo.shape[2:])
+        raise ValueError(
+            f"w: a transposed convolution's w is (C_in, C_out/groups, ...) = ({xo.shape[1]}, ...), "
+            f"but w has shape {wo.shape} for x of shape {xo.shape}"
+        )
     kernel = wo.shape[2:]
-    out_sp = tuple((xo.shape[2 + i] - 1) * stride_t[i] - lo[i] - hi[i] + dilation_t[i] * (kernel[i] - 1)
-                   + output_padding[i] + 1 for i in range(nd))
+    geo = geometry(nd, kernel, stride, padding, dilation, groups_checked, transposed=True)
+    out_sp = transposed_output_sizes(xo.shape[2:], kernel, geo, output_padding(out_padding, nd, geo))
     if any(s < 1 for s in out_sp):
         raise ValueError(f"padding: {padding!r} leaves an output of size {out_sp} for x {xo.shape} and w {wo.shape}")
-    # The equivalent convolution maps out_sp back to x's size. Whole strides that
-    # output_padding adds beyond the last window (output_padding >= stride, allowed when it is
-    # < dilation) are read by no window: its high padding shrinks by them, and where that
-    # would go below zero those trailing output rows are cut off the vendor call instead and
-    # receive no contribution.
-    hi_conv, trim = list(hi), [0] * nd
-    for i in range(nd):
-        while conv_output_size(out_sp[i], kernel[i], stride_t[i], dilation_t[i], lo[i], hi_conv[i]) > xo.shape[2 + i]:
-            hi_conv[i] -= stride_t[i]
-        if hi_conv[i] < 0:
-            trim[i], hi_conv[i] = -hi_conv[i], 0
-    full_shape = (xo.shape[0], wo.shape[1] * g, *out_sp)
-    if bias is not None:
-        bo = _operand(bias, "bias")
-        if bo.shape != (full_shape[1],):
-            raise ValueError(f"bias: expected shape ({full_shape[1]},) (one value per output channel), got {bo.shape}")
-        _check_same([xo, bo])
-    kwargs = dict(alpha=alpha, beta=beta, deterministic=deterministic, allow_reduced_precision=allow_reduced_precision,
-                  algorithm=algorithm, workspace_limit=workspace_limit)
-    geometry = (stride_t, tuple(zip(lo, hi_conv)), dilation_t, g)
-    if not any(trim):
-        y = backward_data(nd, x, w, full_shape, *geometry, out=out, **kwargs)
-    else:
-        y = xo.adapter.empty(x, full_shape, is_channels_last(xo.shape, xo.adapter.strides(x))) if out is None else out
-        if out is not None:
-            _check_out(out, "out", full_shape, xo)
-        kept = tuple(slice(0, n - t) for n, t in zip(out_sp, trim))
-        view = y[(slice(None), slice(None)) + kept]
-        backward_data(nd, x, w, (*full_shape[:2], *(n - t for n, t in zip(out_sp, trim))), *geometry, out=view, **kwargs)
-        for i in range(nd):  # the cut-off rows, as disjoint blocks
-            if trim[i]:
-                block = y[(slice(None), slice(None)) + kept[:i] + (slice(out_sp[i] - trim[i], None),)]
-                block[...] = 0 if beta == 0.0 else block * beta
-    if bias is not None:  # the ABI's backward-data has no bias epilogue: the library adds it
-        y += bias.reshape((1, -1) + (1,) * nd) * alpha
-    return y
+    out_shape = (xo.shape[0], wo.shape[1] * groups_checked, *out_sp)
+    bo = None if bias is None else _operand(bias, "bias")
+    _check_bias(bo, out_shape[1])
+    _check_same([xo, wo] if bo is None else [xo, wo, bo])
+    conv_geo, trim = equivalent_convolution(out_sp, kernel, xo.shape[2:], geo)
+    computed = (*out_shape[:2], *(n - t for n, t in zip(out_sp, trim)))
+    if 0 not in computed[2:]:
+        prepared = _prepare_backward_data(nd, xo, wo, computed, conv_geo, options, x_name="the output")
+    else:  # nothing to compute: the output is zeros (its allocation and out= rules still hold)
+        channels_last = is_channels_last(xo.shape, xo.adapter.strides(x))
+        prepared = _Prepared(None, None, computed, channels_last, None, False, False, xo.adapter.empty, None, {})
+    key = (_TRANSPOSE, nd, xo.adapter.key(x), wo.adapter.key(w), _key(bias, "bias"), stride, padding, out_padding,
+           groups, dilation, options)  # fmt: skip
+    return _remember(key, _Transposed(prepared, out_shape, trim if any(trim) else None))
 
 
 # ------------------------------------------------------------------------------------------
@@ -553,25 +562,35 @@ class ConvPlan:
     reorder; an input of another shape, dtype, layout or device raises ValueError or TypeError.
     Later changes to the weights are not seen: make a new plan. Made by ``flux_dnn.conv_plan``."""
 
-    def __init__(self, nd, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None,
-                 alpha=1.0, deterministic=False, allow_reduced_precision=None, algorithm="heuristic",
-                 workspace_limit=None):
+    def __init__(self, nd, x, w, bias, stride, padding, dilation, groups, options: ConvOptions):
         xo, wo = _operand(x, "x"), _operand(w, "w")
         bo = None if bias is None else _operand(bias, "bias")
-        prepared = _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, activation, alpha, 0.0,
-                                    deterministic, allow_reduced_precision, algorithm, workspace_limit)
+        prepared = _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options)
         if prepared.out_shape[0] == 0:
             raise ValueError(f"x: a convolution plan needs a batch of at least 1, got shape {xo.shape}")
-        self._type, self._adapter, self._like = type(x), xo.adapter, xo
+        self._packed = self._pack(prepared, x, w, bias, prepared.empty(x, prepared.out_shape, prepared.channels_last))
+        self._run = self._packed.run
+        self._type, self._empty, self._adapter = type(x), prepared.empty, xo.adapter
         self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
         self._bias = bias  # exported on every call: a capsule is consumed once
-        sample = xo.adapter.empty(x, prepared.out_shape, prepared.channels_last)
-        stream = xo.adapter.stream(x)
-        self._packed = _core.PackedConv(prepared.shim, prepared.spec, xo.adapter.export(x), wo.adapter.export(w),
-                                        _export(sample, "out"), None if bias is None else _export(bias, "bias"),
-                                        stream)
-        self._gpu = xo.device[0] != 1
+        self._gpu, self._direct = prepared.gpu, prepared.direct
         self.input_shape, self.output_shape, self.dtype = xo.shape, prepared.out_shape, xo.dtype
+
+    @staticmethod
+    def _pack(prepared: _Prepared, x, w, bias, sample):
+        """The packed plan of the first shim that takes the problem (as _call_elsewhere)."""
+        problem = prepared.problem
+        stream = _BY_TYPE[type(x)].stream(x)
+        said = []
+        for entry in _candidates(problem):
+            spec = prepared.spec if entry.shim is prepared.shim else _spec(problem, entry.shim)
+            try:
+                return _core.PackedConv(
+                    entry.shim, spec, _export(x), _export(w), _export(sample), _export(bias), stream
+                )
+            except _core.UnsupportedError as refusal:
+                said.append(f"shim {entry.shim.name!r}: {refusal}")
+        raise _core.UnsupportedError(_refusals(problem.device[0], said))
 
     @property
     def algorithm(self) -> str:
@@ -584,17 +603,27 @@ class ConvPlan:
 
     def __call__(self, x, *, out=None):
         if type(x) is not self._type:
-            raise TypeError(f"x: this plan was made for {self._type.__module__}.{self._type.__qualname__} arrays, "
-                            f"got {type(x).__module__}.{type(x).__qualname__}")
-        ad = self._adapter
+            raise TypeError(
+                f"x: this plan was made for {self._type.__module__}.{self._type.__qualname__} arrays, "
+                f"got {type(x).__module__}.{type(x).__qualname__}"
+            )
         if out is None:
-            out = ad.empty(x, self._out_shape, self._channels_last)
-        stream = ad.stream(x) if self._gpu else None
-        workspace = (lambda n: ad.workspace(x, n)) if self._gpu else None
-        bias = None if self._bias is None else _export(self._bias, "bias")
-        self._packed.run(ad.export(x), _export(out, "out"), bias, stream, workspace)
+            out = self._empty(x, self._out_shape, self._channels_last)
+        elif type(out) is not self._type:  # the core compares it with the plan
+            return self._call_exported(x, out)
+        if self._direct:
+            self._run(x, out, self._bias, None, None)
+            return out
+        return self._call_exported(x, out)
+
+    def _call_exported(self, x, out):
+        adapter = self._adapter
+        if self._gpu:
+            stream, workspace = adapter.stream(x), lambda n: adapter.workspace(x, n)
+        else:
+            stream = workspace = None
+        self._run(adapter.export(x), _export(out), _export(self._bias, "bias"), stream, workspace)
         return out
 
     def __repr__(self):
-        return (f"ConvPlan(input {self.input_shape} {self.dtype} -> output {self.output_shape}, "
-                f"{self.algorithm})")
+        return f"ConvPlan(input {self.input_shape} {self.dtype} -> output {self.output_shape}, {self.algorithm})"

@@ -27,33 +27,22 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from typing import NamedTuple, Sequence, Tuple
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import flux_dnn
-from flux_dnn import _conv
+from flux_dnn import _core
 from flux_dnn._conv import BACKWARD_DATA, BACKWARD_WEIGHT, FORWARD
 from flux_dnn._discovery import DTYPES, REGISTRY
+from flux_dnn._geometry import as_ints, equivalent_convolution, geometry, kept_rows
 
 __all__ = ["conv", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_general_dilated"]
 
 _DTYPES = DTYPES  # float64 needs jax_enable_x64
-_SHIM_DEVICE = {"cpu": 1, "cuda": 2}  # JAX platform -> DLPack device type of its shim
-
-
-class _Geometry(NamedTuple):
-    """Static parameters of one convolution (hashable: a custom_vjp nondiff argument)."""
-    stride: Tuple[int, ...]
-    lo: Tuple[int, ...]
-    hi: Tuple[int, ...]
-    dilation: Tuple[int, ...]
-    groups: int
-
-    def padding(self):
-        return tuple(zip(self.lo, self.hi))
+_SHIM_DEVICE = {"cpu": _core.DEVICE_CPU, "cuda": _core.DEVICE_CUDA}  # JAX platform -> its shims' device type
 
 
 # ------------------------------------------------------------------------------------------
@@ -63,14 +52,14 @@ class _Geometry(NamedTuple):
 
 
 def _lead(a, nd):
-    return a.shape[:a.ndim - nd - 2]
+    return a.shape[: a.ndim - nd - 2]
 
 
 def _fold_data(a, lead):
     """(*lead, N, C, *sp) -> (N, B*C, *sp): the vmapped axis becomes a block of channels."""
-    a = np.broadcast_to(a, lead + a.shape[len(lead):])
+    a = np.broadcast_to(a, lead + a.shape[len(lead) :])
     B = int(np.prod(lead))
-    n, c, sp = a.shape[len(lead)], a.shape[len(lead) + 1], a.shape[len(lead) + 2:]
+    n, c, sp = a.shape[len(lead)], a.shape[len(lead) + 1], a.shape[len(lead) + 2 :]
     a = a.reshape(B, n, c, *sp).swapaxes(0, 1)
     return np.ascontiguousarray(a.reshape(n, B * c, *sp))
 
@@ -83,8 +72,8 @@ def _unfold_data(a, lead):
 
 def _fold_weight(a, lead):
     """(*lead, K, Cg, *k) -> (B*K, Cg, *k): one group block per vmapped element."""
-    a = np.broadcast_to(a, lead + a.shape[len(lead):])
-    return np.ascontiguousarray(a.reshape(-1, *a.shape[len(lead) + 1:]))
+    a = np.broadcast_to(a, lead + a.shape[len(lead) :])
+    return np.ascontiguousarray(a.reshape(-1, *a.shape[len(lead) + 1 :]))
 
 
 def _host_data_weight(fn, nd, geo, data, weight, *shape_arg):
@@ -95,9 +84,9 @@ def _host_data_weight(fn, nd, geo, data, weight, *shape_arg):
         return fn(data, weight, geo.groups, *shape_arg)
     B = int(np.prod(lead))
     if int(np.prod(_lead(weight, nd))) == 1:  # shared weights: the vmapped axis joins N
-        d = np.broadcast_to(data, lead + data.shape[len(lead):])
-        d = np.ascontiguousarray(d.reshape(-1, *d.shape[len(lead) + 1:]))
-        w = weight.reshape(weight.shape[len(_lead(weight, nd)):])
+        d = np.broadcast_to(data, lead + data.shape[len(lead) :])
+        d = np.ascontiguousarray(d.reshape(-1, *d.shape[len(lead) + 1 :]))
+        w = weight.reshape(weight.shape[len(_lead(weight, nd)) :])
         shape = [(shape_arg[0][0] * B, *shape_arg[0][1:])] if shape_arg else []
         y = fn(d, w, geo.groups, *shape)
         return y.reshape(*lead, -1, *y.shape[1:])
@@ -109,12 +98,14 @@ def _host_data_weight(fn, nd, geo, data, weight, *shape_arg):
 def _host_conv(nd, geo, x, w):
     def run(x, w, groups):
         return flux_dnn.conv(x, w, None, geo.stride, geo.padding(), geo.dilation, groups)
+
     return _host_data_weight(run, nd, geo, x, w)
 
 
 def _host_backward_data(nd, geo, input_shape, dy, w):
     def run(dy, w, groups, shape):
         return flux_dnn.conv_backward_data(dy, w, shape, geo.stride, geo.padding(), geo.dilation, groups)
+
     return _host_data_weight(run, nd, geo, dy, w, tuple(input_shape))
 
 
@@ -124,8 +115,9 @@ def _host_backward_weight(nd, geo, weight_shape, x, dy):
         return flux_dnn.conv_backward_weight(x, dy, weight_shape, geo.stride, geo.padding(), geo.dilation, geo.groups)
     B = int(np.prod(lead))
     shape = (weight_shape[0] * B, *weight_shape[1:])
-    dw = flux_dnn.conv_backward_weight(_fold_data(x, lead), _fold_data(dy, lead), shape, geo.stride,
-                                       geo.padding(), geo.dilation, geo.groups * B)
+    dw = flux_dnn.conv_backward_weight(
+        _fold_data(x, lead), _fold_data(dy, lead), shape, geo.stride, geo.padding(), geo.dilation, geo.groups * B
+    )
     return dw.reshape(*lead, *weight_shape)
 
 
@@ -137,6 +129,8 @@ _HOST = {FORWARD: _host_conv, BACKWARD_DATA: _host_backward_data, BACKWARD_WEIGH
 # build time): XLA passes its own buffers, the handler calls the shim through the ABI.
 
 _FFI_TARGET = "flux_dnn_conv"
+
+
 def _ffi_library() -> str:
     """FLUX_DNN_JAX_FFI, else the handler built into flux_dnn, else the flux-dnn-jax wheel's."""
     explicit = os.environ.get("FLUX_DNN_JAX_FFI")
@@ -201,8 +195,8 @@ def _shim_path(platform, dtype) -> str:
 
 
 def _platform(*arrays):
-    """"cpu" or "cuda" for arrays placed on devices; None for tracers, whose platform is known
-    only when XLA lowers the program."""
+    """The platform ("cpu" or "cuda") of arrays placed on devices; None for tracers, whose
+    platform is known only when XLA lowers the program."""
     if any(isinstance(a, jax.core.Tracer) for a in arrays):
         return None
     devices = set().union(*(a.devices() for a in arrays))
@@ -238,8 +232,8 @@ def _ffi_run(out, a, b, attrs):
 
     platform, default = _platform(a, b), _default_platform()
     if (platform or default) not in _ffi_state["platforms"]:
-        raise flux_dnn.DeviceUnavailableError(
-            f"flux_dnn.jax has no {platform or default} FFI handler: {_ffi_state.get('cuda_reason', 'not built for it')}")
+        why = _ffi_state.get("cuda_reason", "not built for it")
+        raise flux_dnn.DeviceUnavailableError(f"flux_dnn.jax has no {platform or default} FFI handler: {why}")
     if platform is not None or len(_ffi_state["platforms"]) == 1:
         return on(platform or "cpu")(a, b)
     branches = {}
@@ -260,6 +254,9 @@ def _run(op, geo, out_shape, dtype, a, b):
         # Nothing to compute, and every output element sums over nothing: zeros (the CUDA
         # handler cannot clear device memory itself).
         return jnp.zeros(out.shape, dtype)
+    # Kept as written until the ABI 2.0 merge sets flags=-1 (the device's default, resolved
+    # by the core as flux_dnn.conv resolves it); then ruff may format it.
+    # fmt: off
     if _use_ffi():
         i64 = functools.partial(np.asarray, dtype=np.int64)
         attrs = dict(op=np.int64(op), stride=i64(geo.stride), padding_lo=i64(geo.lo), padding_hi=i64(geo.hi),
@@ -267,10 +264,12 @@ def _run(op, geo, out_shape, dtype, a, b):
                      flags=np.int64(-1))  # -1: the device's default flags, as flux_dnn.conv uses
         return _ffi_run(out, a, b, attrs)
     # Traced arrays: judged by the default platform (jit's choice for uncommitted arrays).
+    # fmt: on
     if (_platform(a, b) or _default_platform()) != "cpu":
         raise flux_dnn.DeviceUnavailableError(
             "flux_dnn.jax runs GPU arrays through its XLA FFI handler only (the pure_callback fallback "
-            f"is CPU-only), and it is not available: {_ffi_state.get('reason', 'flux_dnn.jax._BACKEND is callback')}")
+            f"is CPU-only), and it is not available: {_ffi_state.get('reason', 'flux_dnn.jax._BACKEND is callback')}"
+        )
     nd = len(geo.stride)
     host = _HOST[op]
     fn = functools.partial(host, nd, geo) if op == FORWARD else functools.partial(host, nd, geo, tuple(out_shape))
@@ -324,27 +323,24 @@ def _conv_bwd(geo, res, dy):
 _conv_p.defvjp(_conv_fwd, _conv_bwd)
 
 
-def _equivalent_conv(out_sp, kernel, in_sp, geo):
-    """The convolution mapping a transposed convolution's output (out_sp) back onto its input
-    (in_sp): same geometry, but a smaller high padding when output_padding added whole strides
-    (the rule flux_dnn.conv_transpose follows)."""
-    hi = list(geo.hi)
-    for i in range(len(hi)):
-        while _conv.conv_output_size(out_sp[i], kernel[i], geo.stride[i], geo.dilation[i], geo.lo[i], hi[i]) > in_sp[i]:
-            hi[i] -= geo.stride[i]
-    return geo._replace(hi=tuple(hi))
-
-
 # A transposed convolution y = conv_transpose(x, w) is the backward-data op of the equivalent
-# convolution from y's shape to x's: x's gradient is that convolution of dy, and w's gradient
-# its backward-weight with input dy and output gradient x.
+# convolution from y's shape to x's (flux_dnn's rule, _geometry.equivalent_convolution): x's
+# gradient is that convolution of dy, and w's gradient its backward-weight with input dy and
+# output gradient x. Trailing rows of y that no window reaches (`trim`) are zeros in y and
+# take no part in the gradients.
+
+
+def _trimmed(a, trim):
+    return a[(slice(None), slice(None), *kept_rows(a.shape[2:], trim))] if any(trim) else a
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _transpose_p(x, w, geo, output_padding):
     shape = _probe("transpose", x.shape, w.shape, geo, output_padding)
-    cg = _equivalent_conv(shape[2:], w.shape[2:], x.shape[2:], geo)
-    return _run(BACKWARD_DATA, cg, shape, x.dtype, x, w)
+    cg, trim = equivalent_convolution(shape[2:], w.shape[2:], x.shape[2:], geo)
+    computed = (*shape[:2], *(n - t for n, t in zip(shape[2:], trim)))
+    y = _run(BACKWARD_DATA, cg, computed, x.dtype, x, w)
+    return jnp.pad(y, [(0, 0), (0, 0), *((0, t) for t in trim)]) if any(trim) else y
 
 
 def _transpose_fwd(x, w, geo, output_padding):
@@ -353,7 +349,8 @@ def _transpose_fwd(x, w, geo, output_padding):
 
 def _transpose_bwd(geo, output_padding, res, dy):
     x, w = res
-    cg = _equivalent_conv(dy.shape[2:], w.shape[2:], x.shape[2:], geo)
+    cg, trim = equivalent_convolution(dy.shape[2:], w.shape[2:], x.shape[2:], geo)
+    dy = _trimmed(dy, trim)
     return _run(FORWARD, cg, x.shape, x.dtype, dy, w), _run(BACKWARD_WEIGHT, cg, w.shape, w.dtype, dy, x)
 
 
@@ -362,14 +359,6 @@ _transpose_p.defvjp(_transpose_fwd, _transpose_bwd)
 
 # ------------------------------------------------------------------------------------------
 # Public entry points
-
-
-def _geometry(nd, w_shape, stride, padding, dilation, groups):
-    stride = _conv._ints(stride, nd, "stride", 1)
-    dilation = _conv._ints(dilation, nd, "dilation", 1)
-    lo, hi = _conv._padding(padding, nd, stride, dilation, tuple(w_shape[2:]))
-    groups = _conv._int(groups, "groups")
-    return _Geometry(tuple(stride), tuple(lo), tuple(hi), tuple(dilation), groups)
 
 
 def _add_bias(y, bias):
@@ -384,8 +373,10 @@ def _add_bias(y, bias):
 def _arrays(x, w):
     x, w = jnp.asarray(x), jnp.asarray(w)
     if x.ndim not in (3, 4, 5) or w.ndim != x.ndim:
-        raise ValueError(f"x, w: expected x (N, C, *spatial) and w (K, C/groups, *kernel) of the same rank "
-                         f"3, 4 or 5, got shapes {x.shape} and {w.shape}")
+        raise ValueError(
+            f"x, w: expected x (N, C, *spatial) and w (K, C/groups, *kernel) of the same rank "
+            f"3, 4 or 5, got shapes {x.shape} and {w.shape}"
+        )
     _check_dtype(("x", x), ("w", w))
     if x.dtype != w.dtype:
         raise TypeError(f"w: dtype {w.dtype} differs from x's dtype {x.dtype}")
@@ -397,7 +388,7 @@ def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
     ``(N, C, *spatial)``, w ``(K, C/groups, *kernel)``, padding an int, ints, (lo, hi) pairs,
     ``"same"`` or ``"valid"``. Differentiable in x, w and bias."""
     x, w = _arrays(x, w)
-    geo = _geometry(x.ndim - 2, w.shape, stride, padding, dilation, groups)
+    geo = geometry(x.ndim - 2, w.shape[2:], stride, padding, dilation, groups)
     return _add_bias(_conv_p(x, w, geo), bias)
 
 
@@ -406,6 +397,7 @@ def _ranked(nd, name):
         if jnp.ndim(x) != nd + 2:
             raise ValueError(f"x: {name} expects a {nd + 2}-D array (N, C, *spatial), got shape {jnp.shape(x)}")
         return conv(x, w, bias, stride, padding, dilation, groups)
+
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"{nd}-D :func:`conv`."
     return f
@@ -419,16 +411,24 @@ def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, group
     w ``(C_in, C_out/groups, *kernel)``. Differentiable in x, w and bias."""
     x, w = _arrays(x, w)
     nd = x.ndim - 2
-    if isinstance(padding, str):
-        raise ValueError(f"padding: a transposed convolution takes ints or (lo, hi) pairs, not {padding!r}")
-    geo = _geometry(nd, w.shape, stride, padding, dilation, groups)
-    output_padding = tuple(_conv._ints(output_padding, nd, "output_padding", 0))
+    geo = geometry(nd, w.shape[2:], stride, padding, dilation, groups, transposed=True)
+    output_padding = as_ints(output_padding, nd, "output_padding", 0)
     return _add_bias(_transpose_p(x, w, geo, output_padding), bias)
 
 
-def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None,
-                         rhs_dilation=None, dimension_numbers=None, feature_group_count=1,
-                         batch_group_count=1, precision=None, preferred_element_type=None):
+def conv_general_dilated(
+    lhs,
+    rhs,
+    window_strides: Sequence[int],
+    padding,
+    lhs_dilation=None,
+    rhs_dilation=None,
+    dimension_numbers=None,
+    feature_group_count=1,
+    batch_group_count=1,
+    precision=None,
+    preferred_element_type=None,
+):
     """``jax.lax.conv_general_dilated`` computed by flux_dnn (lhs_dilation and
     batch_group_count other than 1 are not supported: use :func:`conv_transpose` for
     fractionally strided convolutions). ``precision`` is ignored: flux_dnn computes float32
@@ -440,8 +440,9 @@ def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding, lhs_d
     if batch_group_count != 1:
         raise ValueError(f"batch_group_count: only 1 is supported, got {batch_group_count}")
     if preferred_element_type is not None and jnp.dtype(preferred_element_type) != lhs.dtype:
-        raise ValueError(f"preferred_element_type: only the input dtype {lhs.dtype} is supported, "
-                         f"got {preferred_element_type}")
+        raise ValueError(
+            f"preferred_element_type: only the input dtype {lhs.dtype} is supported, got {preferred_element_type}"
+        )
     dn = jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
     x = jnp.transpose(lhs, dn.lhs_spec)  # to N, C, *spatial
     w = jnp.transpose(rhs, dn.rhs_spec)  # to K, C/groups, *kernel

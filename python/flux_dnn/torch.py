@@ -16,7 +16,7 @@ Not supported: second derivatives through these ops (they raise) and torch.func 
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -25,12 +25,36 @@ from torch.autograd.function import once_differentiable
 
 import flux_dnn
 from flux_dnn import _conv
-from flux_dnn._adapters import is_channels_last
+from flux_dnn._geometry import (
+    Geometry,
+    as_int,
+    as_ints,
+    channels_last_order,
+    compact_strides,
+    equivalent_convolution,
+    geometry,
+    is_channels_last,
+    kept_rows,
+    output_size,
+    transposed_output_sizes,
+)
+from flux_dnn._options import options
 
 __all__ = [
-    "conv", "conv1d", "conv2d", "conv3d",
-    "conv_transpose", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "conv",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "ConvTranspose3d",
     "convert",
 ]
 
@@ -38,7 +62,7 @@ __all__ = [
 # Layout helpers shared by the real and the fake implementations, so both agree on strides.
 
 
-def _dense(t: Optional[Tensor]) -> Optional[Tensor]:
+def _dense(t: Tensor | None) -> Tensor | None:
     """t itself if flux_dnn can take its strides (contiguous or channels-last), else a copy.
     Gradients arriving from autograd are often expanded (stride 0) views."""
     if t is None or t.is_contiguous() or is_channels_last(tuple(t.shape), t.stride()):
@@ -51,25 +75,21 @@ def _empty_like_layout(like: Tensor, shape) -> Tensor:
     the same rule flux_dnn uses for the outputs it allocates."""
     shape = list(shape)
     if is_channels_last(tuple(like.shape), like.stride()) and len(shape) >= 3:
-        order = [0, *range(2, len(shape)), 1]  # N, *spatial, C from outermost to innermost
-        strides, step = [0] * len(shape), 1
-        for d in reversed(order):
-            strides[d] = step
-            step *= shape[d]
+        strides = compact_strides(shape, channels_last_order(len(shape)))
         return torch.empty_strided(shape, strides, dtype=like.dtype, device=like.device)
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
-def _conv_out(size, k, s, d, lo, hi):
-    return (size + lo + hi - d * (k - 1) - 1) // s + 1
-
-
-def _transpose_out(size, k, s, d, p, op):
-    return (size - 1) * s - 2 * p + d * (k - 1) + op + 1
-
-
 def _pairs(lo, hi):
     return tuple(zip(lo, hi))  # hashable, like every argument below: flux_dnn then memoises the call
+
+
+# The kernels' flux_dnn options by (deterministic, bias_grad), made once (not per call).
+_OPTIONS = {
+    (det, bias_grad): options("conv_backward_weight", {"deterministic": det, "bias_grad": bias_grad})[0]
+    for det in (False, True)
+    for bias_grad in (False, True)
+}
 
 
 # ------------------------------------------------------------------------------------------
@@ -79,43 +99,78 @@ def _pairs(lo, hi):
 # implementations follow; opcheck in the tests compares their strides.
 
 
-def _conv_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding_lo: List[int],
-               padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
+def _conv_impl(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None,
+    stride: list[int],
+    padding_lo: list[int],
+    padding_hi: list[int],
+    dilation: list[int],
+    groups: int,
+    deterministic: bool,
+) -> Tensor:
     x, w, bias = _dense(x), _dense(w), _dense(bias)
-    return flux_dnn.conv(x, w, bias, tuple(stride), _pairs(padding_lo, padding_hi), tuple(dilation), groups,
-                         deterministic=deterministic)
+    padding = _pairs(padding_lo, padding_hi)
+    options = _OPTIONS[deterministic, False]
+    return _conv.forward(x.dim() - 2, x, w, bias, tuple(stride), padding, tuple(dilation), groups, options)
 
 
 def _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, deterministic):
-    sp = [_conv_out(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding_lo[i], padding_hi[i])
-          for i in range(x.dim() - 2)]
+    sp = [
+        output_size(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding_lo[i], padding_hi[i])
+        for i in range(x.dim() - 2)
+    ]
     return _empty_like_layout(_dense(x), [x.shape[0], w.shape[0], *sp])
 
 
-def _bwd_data_impl(dy: Tensor, w: Tensor, input_shape: List[int], stride: List[int], padding_lo: List[int],
-                   padding_hi: List[int], dilation: List[int], groups: int, deterministic: bool) -> Tensor:
+def _bwd_data_impl(
+    dy: Tensor,
+    w: Tensor,
+    input_shape: list[int],
+    stride: list[int],
+    padding_lo: list[int],
+    padding_hi: list[int],
+    dilation: list[int],
+    groups: int,
+    deterministic: bool,
+) -> Tensor:
     dy, w = _dense(dy), _dense(w)
-    return flux_dnn.conv_backward_data(dy, w, tuple(input_shape), tuple(stride), _pairs(padding_lo, padding_hi),
-                                       tuple(dilation), groups, deterministic=deterministic)
+    padding = _pairs(padding_lo, padding_hi)
+    options = _OPTIONS[deterministic, False]
+    return _conv.backward_data(
+        dy.dim() - 2, dy, w, tuple(input_shape), tuple(stride), padding, tuple(dilation), groups, options
+    )
 
 
 def _bwd_data_fake(dy, w, input_shape, stride, padding_lo, padding_hi, dilation, groups, deterministic):
     return _empty_like_layout(_dense(dy), input_shape)
 
 
-def _bwd_weight_impl(x: Tensor, dy: Tensor, weight_shape: List[int], stride: List[int], padding_lo: List[int],
-                     padding_hi: List[int], dilation: List[int], groups: int, bias_grad: bool,
-                     deterministic: bool) -> Tuple[Tensor, Tensor]:
+def _bwd_weight_impl(
+    x: Tensor,
+    dy: Tensor,
+    weight_shape: list[int],
+    stride: list[int],
+    padding_lo: list[int],
+    padding_hi: list[int],
+    dilation: list[int],
+    groups: int,
+    bias_grad: bool,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor]:
     """(dw, db); db is an empty tensor unless bias_grad (an op returns a fixed number of tensors)."""
     x, dy = _dense(x), _dense(dy)
     # flux_dnn allocates dw (and db) contiguous, as the fake implementation below does.
-    res = flux_dnn.conv_backward_weight(x, dy, tuple(weight_shape), tuple(stride), _pairs(padding_lo, padding_hi),
-                                        tuple(dilation), groups, bias_grad=bias_grad, deterministic=deterministic)
+    padding = _pairs(padding_lo, padding_hi)
+    options = _OPTIONS[deterministic, bias_grad]
+    res = _conv.backward_weight(
+        x.dim() - 2, x, dy, tuple(weight_shape), tuple(stride), padding, tuple(dilation), groups, options
+    )
     return (res[0], res[1]) if bias_grad else (res, dy.new_empty(0))
 
 
-def _bwd_weight_fake(x, dy, weight_shape, stride, padding_lo, padding_hi, dilation, groups, bias_grad,
-                     deterministic):
+def _bwd_weight_fake(x, dy, weight_shape, stride, padding_lo, padding_hi, dilation, groups, bias_grad, deterministic):
     db = dy.new_empty(weight_shape[0] if bias_grad else 0)
     return x.new_empty(weight_shape), db
 
@@ -128,17 +183,27 @@ def _bwd_bias_fake(dy):
     return dy.new_empty(dy.shape[1])
 
 
-def _conv_transpose_impl(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
-                         output_padding: List[int], dilation: List[int], groups: int,
-                         deterministic: bool) -> Tensor:
+def _conv_transpose_impl(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    output_padding: list[int],
+    dilation: list[int],
+    groups: int,
+    deterministic: bool,
+) -> Tensor:
     x, w, bias = _dense(x), _dense(w), _dense(bias)
-    return flux_dnn.conv_transpose(x, w, bias, tuple(stride), tuple(padding), tuple(output_padding), groups,
-                                   tuple(dilation), deterministic=deterministic)
+    options = _OPTIONS[deterministic, False]
+    return _conv.transpose(
+        x.dim() - 2, x, w, bias, tuple(stride), tuple(padding), tuple(output_padding), groups, tuple(dilation), options
+    )
 
 
 def _conv_transpose_fake(x, w, bias, stride, padding, output_padding, dilation, groups, deterministic):
-    sp = [_transpose_out(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding[i], output_padding[i])
-          for i in range(x.dim() - 2)]
+    geo = Geometry(tuple(stride), tuple(padding), tuple(padding), tuple(dilation), groups)
+    sp = transposed_output_sizes(x.shape[2:], w.shape[2:], geo, output_padding)
     return _empty_like_layout(_dense(x), [x.shape[0], w.shape[1] * groups, *sp])
 
 
@@ -197,17 +262,6 @@ def _conv_grads(k: _Kernels, ctx, dy):
 _conv_op.register_autograd(lambda ctx, dy: _conv_grads(_OPS, ctx, dy), setup_context=_conv_setup)
 
 
-def _equivalent_conv_hi(out_sp, kernel, in_sp, stride, dilation, padding) -> List[int]:
-    """High padding of the convolution that maps a transposed convolution's output back onto
-    its input. It is ``padding`` unless output_padding >= stride added whole strides past the
-    last window, which that convolution must not read (the same rule as flux_dnn.conv_transpose)."""
-    hi = list(padding)
-    for i in range(len(hi)):
-        while _conv_out(out_sp[i], kernel[i], stride[i], dilation[i], padding[i], hi[i]) > in_sp[i]:
-            hi[i] -= stride[i]
-    return hi
-
-
 def _transpose_setup(ctx, inputs, output):
     x, w, bias, *params = inputs
     ctx.save_for_backward(x, w)
@@ -218,16 +272,26 @@ def _transpose_grads(k: _Kernels, ctx, dy):
     x, w = ctx.saved_tensors
     stride, padding, _, dilation, groups, det = ctx.params
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    hi = _equivalent_conv_hi(dy.shape[2:], w.shape[2:], x.shape[2:], stride, dilation, padding)
-    dx = dw = db = None
+    dx = dw = None
+    db = k.bwd_bias(dy) if need_b else None  # every row of y has the bias, trimmed ones too
+    # y = conv_transpose(x, w) is backward-data of the equivalent convolution from y's shape
+    # to x's (flux_dnn's rule), which reads no row it trims off y.
+    geo = Geometry(tuple(stride), tuple(padding), tuple(padding), tuple(dilation), groups)
+    conv_geo, trim = equivalent_convolution(dy.shape[2:], w.shape[2:], x.shape[2:], geo)
+    if any(trim):
+        dy = dy[(slice(None), slice(None), *kept_rows(dy.shape[2:], trim))]
+        if 0 in dy.shape[2:]:  # no row of y is within a window's reach: y is zeros
+            return (
+                (x.new_zeros(x.shape) if need_x else None),
+                (w.new_zeros(w.shape) if need_w else None),
+                db,
+                *[None] * 6,
+            )
+    lo, hi = list(conv_geo.lo), list(conv_geo.hi)
     if need_x:
-        dx = k.conv(dy, w, None, stride, padding, hi, dilation, groups, det)
-    if need_w:
-        # y = conv_transpose(x, w) is backward-data of a convolution from y's shape to x's,
-        # so w's gradient is that convolution's backward-weight with input dy and output grad x.
-        dw, _ = k.bwd_weight(dy, x, list(w.shape), stride, padding, hi, dilation, groups, False, det)
-    if need_b:
-        db = k.bwd_bias(dy)
+        dx = k.conv(dy, w, None, stride, lo, hi, dilation, groups, det)
+    if need_w:  # that convolution's backward-weight, with input dy and output gradient x
+        dw, _ = k.bwd_weight(dy, x, list(w.shape), stride, lo, hi, dilation, groups, False, det)
     return dx, dw, db, None, None, None, None, None, None
 
 
@@ -301,8 +365,10 @@ def _batched(x: Tensor, nd: int, name: str):
     if x.dim() == nd + 1:
         return x.unsqueeze(0), True
     if x.dim() != nd + 2:
-        raise ValueError(f"{name}: a {nd}-D convolution expects a {nd + 1}-D (unbatched) or {nd + 2}-D "
-                         f"(batched) tensor, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name}: a {nd}-D convolution expects a {nd + 1}-D (unbatched) or {nd + 2}-D "
+            f"(batched) tensor, got shape {tuple(x.shape)}"
+        )
     return x, False
 
 
@@ -320,15 +386,35 @@ def _conv_nd(nd, x, w, bias, stride, padding, dilation, groups):
     _check_tensor(w, "w")
     x, unbatched = _batched(x, nd, "x")
     if w.dim() != nd + 2:
-        raise ValueError(f"w: a {nd}-D convolution expects a {nd + 2}-D weight (K, C/groups, *kernel), "
-                         f"got shape {tuple(w.shape)}")
-    stride = list(_conv._ints(stride, nd, "stride", 1))
-    dilation = list(_conv._ints(dilation, nd, "dilation", 1))
-    lo, hi = _conv._padding(padding, nd, tuple(stride), tuple(dilation), tuple(w.shape[2:]))
+        raise ValueError(
+            f"w: a {nd}-D convolution expects a {nd + 2}-D weight (K, C/groups, *kernel), got shape {tuple(w.shape)}"
+        )
+    params = _conv_params(nd, w.shape[2:], stride, padding, dilation, groups)
     x, w, bias = _autocast(x.device.type, x, w, bias)
-    y = _run_conv(x, w, bias, stride, list(lo), list(hi), dilation, _conv._int(groups, "groups"),
-                  _deterministic())
+    y = _run_conv(x, w, bias, *params, _deterministic())
     return y.squeeze(0) if unbatched else y
+
+
+_params: dict = {}
+
+
+def _conv_params(nd, kernel, stride, padding, dilation, groups) -> tuple:
+    """(stride, padding_lo, padding_hi, dilation, groups) of the conv kernel from the user's
+    arguments, checked; remembered for hashable arguments (the lists are shared: read only)."""
+    key = (nd, kernel, stride, padding, dilation, groups)
+    try:
+        return _params[key]
+    except KeyError:
+        pass
+    except TypeError:  # a list argument
+        key = None
+    geo = geometry(nd, tuple(kernel), stride, padding, dilation, groups)
+    params = (list(geo.stride), list(geo.lo), list(geo.hi), list(geo.dilation), geo.groups)
+    if key is not None:
+        if len(_params) >= 1024:
+            _params.clear()
+        _params[key] = params
+    return params
 
 
 def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -357,15 +443,18 @@ def _conv_transpose_nd(nd, x, w, bias, stride, padding, output_padding, groups, 
     _check_tensor(w, "w")
     x, unbatched = _batched(x, nd, "x")
     if w.dim() != nd + 2:
-        raise ValueError(f"w: a {nd}-D transposed convolution expects a {nd + 2}-D weight "
-                         f"(C_in, C_out/groups, *kernel), got shape {tuple(w.shape)}")
-    stride = list(_conv._ints(stride, nd, "stride", 1))
-    dilation = list(_conv._ints(dilation, nd, "dilation", 1))
-    padding = list(_conv._ints(padding, nd, "padding", 0))
-    output_padding = list(_conv._ints(output_padding, nd, "output_padding", 0))
+        raise ValueError(
+            f"w: a {nd}-D transposed convolution expects a {nd + 2}-D weight "
+            f"(C_in, C_out/groups, *kernel), got shape {tuple(w.shape)}"
+        )
+    stride = list(as_ints(stride, nd, "stride", 1))
+    dilation = list(as_ints(dilation, nd, "dilation", 1))
+    padding = list(as_ints(padding, nd, "padding", 0))
+    output_padding = list(as_ints(output_padding, nd, "output_padding", 0))
     x, w, bias = _autocast(x.device.type, x, w, bias)
-    y = _run_conv_transpose(x, w, bias, stride, padding, output_padding, dilation,
-                            _conv._int(groups, "groups"), _deterministic())
+    y = _run_conv_transpose(
+        x, w, bias, stride, padding, output_padding, dilation, as_int(groups, "groups"), _deterministic()
+    )
     return y.squeeze(0) if unbatched else y
 
 
@@ -398,7 +487,7 @@ def conv_transpose3d(x, w, bias=None, stride=1, padding=0, output_padding=0, gro
 class _FluxConv:
     _nd: int
 
-    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         if self.padding_mode != "zeros":  # as torch does: pad explicitly, then convolve unpadded
             input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
             return _conv_nd(self._nd, input, weight, bias, self.stride, 0, self.dilation, self.groups)
@@ -407,49 +496,68 @@ class _FluxConv:
 
 class Conv1d(_FluxConv, torch.nn.Conv1d):
     """``torch.nn.Conv1d`` computed by flux_dnn."""
+
     _nd = 1
 
 
 class Conv2d(_FluxConv, torch.nn.Conv2d):
     """``torch.nn.Conv2d`` computed by flux_dnn."""
+
     _nd = 2
 
 
 class Conv3d(_FluxConv, torch.nn.Conv3d):
     """``torch.nn.Conv3d`` computed by flux_dnn."""
+
     _nd = 3
 
 
 class _FluxConvTranspose:
     _nd: int
 
-    def forward(self, input: Tensor, output_size: Optional[List[int]] = None) -> Tensor:
+    def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
         if self.padding_mode != "zeros":
             raise ValueError(f"Only `zeros` padding mode is supported for {type(self).__name__}")
-        output_padding = self._output_padding(input, output_size, self.stride, self.padding,
-                                              self.kernel_size, self._nd, self.dilation)
-        return _conv_transpose_nd(self._nd, input, self.weight, self.bias, self.stride, self.padding,
-                                  output_padding, self.groups, self.dilation)
+        output_padding = self._output_padding(
+            input, output_size, self.stride, self.padding, self.kernel_size, self._nd, self.dilation
+        )
+        return _conv_transpose_nd(
+            self._nd,
+            input,
+            self.weight,
+            self.bias,
+            self.stride,
+            self.padding,
+            output_padding,
+            self.groups,
+            self.dilation,
+        )
 
 
 class ConvTranspose1d(_FluxConvTranspose, torch.nn.ConvTranspose1d):
     """``torch.nn.ConvTranspose1d`` computed by flux_dnn."""
+
     _nd = 1
 
 
 class ConvTranspose2d(_FluxConvTranspose, torch.nn.ConvTranspose2d):
     """``torch.nn.ConvTranspose2d`` computed by flux_dnn."""
+
     _nd = 2
 
 
 class ConvTranspose3d(_FluxConvTranspose, torch.nn.ConvTranspose3d):
     """``torch.nn.ConvTranspose3d`` computed by flux_dnn."""
+
     _nd = 3
 
 
 _SWAP = {
-    torch.nn.Conv1d: Conv1d, torch.nn.Conv2d: Conv2d, torch.nn.Conv3d: Conv3d,
-    torch.nn.ConvTranspose1d: ConvTranspose1d, torch.nn.ConvTranspose2d: ConvTranspose2d,
+    torch.nn.Conv1d: Conv1d,
+    torch.nn.Conv2d: Conv2d,
+    torch.nn.Conv3d: Conv3d,
+    torch.nn.ConvTranspose1d: ConvTranspose1d,
+    torch.nn.ConvTranspose2d: ConvTranspose2d,
     torch.nn.ConvTranspose3d: ConvTranspose3d,
 }
 
