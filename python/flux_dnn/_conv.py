@@ -49,12 +49,7 @@ _memo: dict = {}  # call pattern -> _Prepared (or _Transposed)
 def _default_flags(shim, device_id: int) -> int:
     """The FDNN_CONV_* flags the shim asks for on this device when the caller has no
     preference (TF32 on NVIDIA as in PyTorch, 0 on CPUs): ABI 2.0 Device_Describe."""
-    describe = getattr(shim, "device_info", None)
-    if describe is not None:
-        return describe(device_id)["default_flags"]
-    # ABI 1.2 shims do not say (no Shim.device_info before the 2.0 merge): PyTorch's
-    # defaults. Delete these two lines with the merge.
-    return _core.CONV_ALLOW_REDUCED_PRECISION if shim.device_type == _core.DEVICE_CUDA else 0
+    return shim.device_info(device_id)["default_flags"]
 
 
 def _candidates(problem) -> list:
@@ -62,10 +57,7 @@ def _candidates(problem) -> list:
     and op, in the order they are asked; the first is REGISTRY.shim_for's. Raises as shim_for
     does when there is none."""
     (device_type, device_id), dtype, argument = problem.device, problem.dtype, problem.argument
-    candidates = getattr(REGISTRY, "candidates", None)
-    if candidates is None:  # before the ABI 2.0 merge the registry has one answer
-        return [REGISTRY.shim_for(device_type, dtype, device_id, argument)]
-    return list(candidates(device_type, dtype, device_id, argument, problem.op))
+    return list(REGISTRY.candidates(device_type, dtype, device_id, argument, problem.op))
 
 
 # ------------------------------------------------------------------------------------------

@@ -62,12 +62,6 @@ MAX_SPATIAL_DIMS: int
 NUM_CONV_OPS: int
 NUM_ACTIVATIONS: int
 
-# ABI 1.2 only (Conv_Dtype_Support, replaced by Conv_Capabilities in 2.0): delete with the
-# 2.0 merge, together with Shim.dtype_support and ConvResult below.
-DTYPE_SUPPORT_NONE: int
-DTYPE_SUPPORT_NATIVE: int
-DTYPE_SUPPORT_CONVERTED: int
-
 class StructLayout(TypedDict):
     sizeof: int
     struct_size: int | None  # <Struct>_STRUCT_SIZE, for the structs that have one
@@ -104,10 +98,6 @@ class Shim:
         """Conv_Capabilities of op (CONV_*) and dtype ("float64", "float32", "float16",
         "bfloat16") on one device: {"support": SUPPORT_*, "spatial_ranks": tuple,
         "activations": bits 1 << ACTIVATION_*, "features": FEATURE_* bits, "detail": str}."""
-    # ABI 1.2 only: delete with the 2.0 merge.
-    def device_name(self, device_id: int = 0) -> str: ...
-    def dtype_support(self, dtype: str, device_id: int = 0) -> tuple[int, str]:
-        """(DTYPE_SUPPORT_*, or -1 when the shim does not say; detail)."""
 
 def load_shim(path: str) -> Shim:
     """Load (once) and check the shim library at path; raises ShimLoadError."""
@@ -152,23 +142,15 @@ def run_conv(
     bias: Any | None,
     stream: int | None,
     workspace_alloc: Callable[[int], Any] | None,
-) -> ConvResult | None:
+) -> None:
     """Run spec on DLPack arrays (or capsules) x, w, y, bias as the ABI names them; the
-    written array must exist. None with ABI 2.0 (a ConvResult before)."""
+    written array must exist. plan_info tells what plan it runs."""
 
 def plan_info(
     shim: Shim, spec: ConvSpec, x: Any, w: Any, y: Any, bias: Any | None, stream: int | None = None
 ) -> dict[str, Any]:
     """The plan run_conv would run (made and cached, not executed): {"workspace_size",
     "algo_id", "algo_name"}."""
-
-class ConvResult:  # ABI 1.2 only: delete with the 2.0 merge
-    @property
-    def workspace_size(self) -> int: ...
-    @property
-    def algo_id(self) -> int: ...
-    @property
-    def algo_name(self) -> str: ...
 
 class PackedConv:
     """A forward plan fixed for one set of shapes, with its weights packed once."""
@@ -178,7 +160,7 @@ class PackedConv:
     ) -> None: ...
     def run(
         self, x: Any, y: Any, bias: Any | None, stream: int | None, workspace_alloc: Callable[[int], Any] | None
-    ) -> ConvResult: ...
+    ) -> None: ...
     @property
     def packed(self) -> bool: ...
     @property

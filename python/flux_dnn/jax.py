@@ -256,7 +256,6 @@ def _run(op, geo, out_shape, dtype, a, b):
         return jnp.zeros(out.shape, dtype)
     # Kept as written until the ABI 2.0 merge sets flags=-1 (the device's default, resolved
     # by the core as flux_dnn.conv resolves it); then ruff may format it.
-    # fmt: off
     if _use_ffi():
         i64 = functools.partial(np.asarray, dtype=np.int64)
         attrs = dict(op=np.int64(op), stride=i64(geo.stride), padding_lo=i64(geo.lo), padding_hi=i64(geo.hi),
@@ -264,7 +263,6 @@ def _run(op, geo, out_shape, dtype, a, b):
                      flags=np.int64(-1))  # -1: the device's default flags, as flux_dnn.conv uses
         return _ffi_run(out, a, b, attrs)
     # Traced arrays: judged by the default platform (jit's choice for uncommitted arrays).
-    # fmt: on
     if (_platform(a, b) or _default_platform()) != "cpu":
         raise flux_dnn.DeviceUnavailableError(
             "flux_dnn.jax runs GPU arrays through its XLA FFI handler only (the pure_callback fallback "
