@@ -98,7 +98,7 @@ def shim_capabilities(shim, op: int, dtype: str, device_id: int = 0) -> Capabili
         features = frozenset(name for name in FEATURES if raw["features"] & getattr(_core, "FEATURE_" + name.upper()))
         return Capability(
             support,
-            frozenset(r for r in RANKS if raw["spatial_ranks"] & (1 << r)),
+            frozenset(raw["spatial_ranks"]),  # _core gives the ranks as a tuple
             _bits(raw["activations"], ACTIVATION_CODES),
             features,
             raw["detail"] or "",
