@@ -310,6 +310,29 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Problem& p, const mem
       p.strides, p.dilates, p.pad_lo, p.pad_hi, attr);
 }
 
+// oneDNN 3.2's backward-weights JIT kernels for 1x1 convolutions ("jit_1x1:avx2",
+// "jit_1x1:avx512_core", the bf16 one) copy a strided source into a unit-stride per-thread
+// buffer ("rtus") whose rows they address in the ISA's channel block (8 channels on AVX2, 16
+// on AVX-512) while the buffer holds rows of the real channel count when the source is plain
+// channels-last: with fewer input channels per group than the block they write past their
+// scratchpad -- wrong weights, then heap corruption ("double free or corruption" at exit).
+// oneDNN issue 6035, open upstream. Checked on AVX2 through guard pages behind the
+// workspace (1-D and 2-D, 1 and 2 threads): 2 to 7 channels crash or are wrong, 8 to 32 are
+// right, as are blocked sources (algo 2, 3) and stride 1 (no rtus); the AVX-512 bound, 16, is
+// the upstream report's. Whether a backward-weights primitive descriptor chose that kernel
+// for that case:
+bool hits_onednn_issue_6035(const FDNN_Conv_Plan_Create_Args& a,
+                            const dnnl::convolution_backward_weights::primitive_desc& pd) {
+  const std::string impl = pd.impl_info_str();
+  if (impl.find("jit") == std::string::npos || impl.find("1x1") == std::string::npos) return false;
+  bool strided = false;
+  for (int i = 0; i < a.spatial_rank; ++i) strided = strided || a.stride[i] > 1;
+  if (!strided) return false;                                 // no rtus buffer
+  if (pd.src_desc().get_inner_nblks() != 0) return false;     // blocked source: addressed right
+  const bool block8 = impl.find("avx2") != std::string::npos || impl.find("sse41") != std::string::npos;
+  return a.x->shape[1] / a.groups < (block8 ? 8 : 16);
+}
+
 // Makes the primitive and its operands for one layout policy; `output_staged` says whether the written operand goes through the workspace.
 void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan& plan) {
   const FDNN_Conv_Plan_Create_Args& a = *p.args;
@@ -365,6 +388,11 @@ void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan
     auto pd = dnnl::convolution_backward_weights::primitive_desc(
         cpu_engine(), dnnl::algorithm::convolution_direct, x, w, bias, y, p.strides, p.dilates,
         p.pad_lo, p.pad_hi, hint, attr);
+    // Every policy, algo id and benchmark candidate comes here: skip to oneDNN's next
+    // implementation of the same layouts (a direct JIT kernel, gemm or ref), never the broken one.
+    while (hits_onednn_issue_6035(a, pd))
+      if (!pd.next_impl())
+        throw dnnl::error(dnnl_unimplemented, "only jit_1x1 (oneDNN issue 6035) takes these layouts");
     plan.conv = dnnl::convolution_backward_weights(pd);
     plan.scratchpad_size = pd.scratchpad_desc().get_size();
     plan.name = pd.impl_info_str();
