@@ -11,6 +11,7 @@ import importlib.util
 import math
 import os
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -392,7 +393,8 @@ def test_alpha_beta(shim, rng, op, dtype, alpha, beta):
 @pytest.mark.parametrize("lay", ["dense", "cl"])
 def test_workspace_limit(shim, rng, op, dtype, lay):
     """A limit below the preferred workspace still computes (in smaller chunks); a limit below
-    anything that fits is OUT_OF_MEMORY."""
+    anything that fits is UNSUPPORTED (the header's code for a workspace beyond the limit),
+    naming the bytes needed and the limit."""
     kw = dict(size=8, g=geometry(2, lo=(1, 1), hi=(1, 1)), x_layout=lay, y_layout=lay, bias=op == BACKWARD_WEIGHT)
     full = conv_case(shim, rng, op, dtype, 2, **kw)
     assert full.workspace_size > 0
@@ -405,7 +407,9 @@ def test_workspace_limit(shim, rng, op, dtype, lay):
     args = plan_args(op, x, w, y, None, dtype, stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1), groups=2,
                      limit=16)
     error = shim.call("Conv_Plan_Create", args)
-    assert error is not None and error[0] == "OUT_OF_MEMORY", error
+    assert error is not None and error[0] == "UNSUPPORTED", error
+    needs = r"needs at least \d+ bytes of workspace, the limit \(workspace_limit\) is 16:"
+    assert re.search(needs, error[1]), error
 
 
 def test_float16_is_float32_rounded_once(shim, rng):

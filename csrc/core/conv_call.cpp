@@ -1,5 +1,6 @@
 #include "conv_call.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -230,61 +231,66 @@ py::dict plan_info(const Shim& shim, const ConvSpec& spec, py::handle x_array, p
 
 namespace {
 
-// What of an array a PackedConv holds it to: shape, strides, dtype, alignment, device.
-void write_signature(std::string& key, const BorrowedTensor& t) {
-  key.clear();
-  if (t.present()) {
-    fdnn_client::append_tensor(key, t.desc());
-    key.append(reinterpret_cast<const char*>(&t.desc().device), sizeof(FDNN_DLDevice));
-  }
-}
-
-std::string signature(const BorrowedTensor& t) {
-  std::string key;
-  write_signature(key, t);
-  return key;
-}
-
-// Whether t fits a planned signature, built in this thread's buffer: a call allocates nothing.
-bool fits(const BorrowedTensor& t, const std::string& planned) {
-  thread_local std::string key;
-  write_signature(key, t);
-  return key == planned;
-}
-
 std::string dims_text(const int64_t* v, int n) {
   std::string out = "(";
   for (int i = 0; i < n; ++i) out += (i ? ", " : "") + std::to_string(v[i]);
   return out + (n == 1 ? ",)" : ")");
 }
 
-// Names what differs between an array and the one a PackedConv was made for.
-[[noreturn]] void mismatch(const char* name, const BorrowedTensor& t, const std::string& planned) {
-  std::string what = "its shape, layout, dtype or device";
-  if (!t.present() || planned.empty()) {
-    what = t.present() ? "it was made without one" : "it was made with one";
-  } else {
-    int32_t ndim;
-    std::memcpy(&ndim, planned.data(), sizeof ndim);
-    const size_t shape_at = sizeof(int32_t) + sizeof(FDNN_DLDataType);
-    const auto* shape = reinterpret_cast<const int64_t*>(planned.data() + shape_at);
-    if (ndim != t.desc().ndim || std::memcmp(shape, t.desc().shape, sizeof(int64_t) * ndim) != 0)
-      what = "shape " + dims_text(t.desc().shape, t.desc().ndim) + " is not the planned " +
-             dims_text(shape, ndim);
-    else if (std::memcmp(planned.data() + sizeof(int32_t), &t.desc().dtype, sizeof(FDNN_DLDataType)))
-      throw py::type_error(std::string(name) + ": does not fit this convolution plan: its dtype (" +
-                           std::to_string(t.desc().dtype.bits) + "-bit, DLPack code " +
-                           std::to_string(t.desc().dtype.code) + ") is not the planned one");
-    else if (std::memcmp(shape + ndim, t.desc().strides, sizeof(int64_t) * ndim) != 0)
-      what = "strides " + dims_text(t.desc().strides, ndim) + " are not the planned layout " +
-             dims_text(shape + ndim, ndim);
-    else if (static_cast<uint8_t>(planned[shape_at + 2 * sizeof(int64_t) * ndim]) != fdnn_client::data_alignment(t.desc()))
-      what = "its data is " + std::to_string(fdnn_client::data_alignment(t.desc())) + "-byte aligned, the planned " +
-             std::to_string(static_cast<uint8_t>(planned[shape_at + 2 * sizeof(int64_t) * ndim])) + "-byte";
-    else
-      what = "device differs from the planned one";
-  }
-  throw py::value_error(std::string(name) + ": does not fit this convolution plan: " + what);
+}  // namespace
+
+TensorSignature TensorSignature::of(const BorrowedTensor& t) {
+  TensorSignature s;
+  s.present = t.present();
+  if (!s.present) return s;
+  const FDNN_DLTensor& d = t.desc();
+  s.ndim = d.ndim;
+  s.dtype = d.dtype;
+  std::copy(d.shape, d.shape + d.ndim, s.shape);
+  std::copy(d.strides, d.strides + d.ndim, s.strides);
+  s.alignment = fdnn_client::data_alignment(d);
+  s.device = d.device;
+  return s;
+}
+
+// Strides are compared where they reach an element: a dim of size 1 is only ever indexed 0,
+// so its stride is no part of the layout (NumPy and torch leave it arbitrary, and
+// np.ascontiguousarray keeps a source's), as the ABI's shims read layouts too.
+bool TensorSignature::same_strides(const TensorSignature& o) const {
+  for (int i = 0; i < ndim; ++i)
+    if (shape[i] != 1 && strides[i] != o.strides[i]) return false;
+  return true;
+}
+
+// What differs from the planned signature, in words; "" when the array fits it (an empty
+// string: a call that fits allocates nothing).
+std::string TensorSignature::mismatch(const TensorSignature& planned) const {
+  if (present != planned.present) return present ? "it was made without one" : "it was made with one";
+  if (!present) return "";
+  if (ndim != planned.ndim || !std::equal(shape, shape + ndim, planned.shape))
+    return "shape " + dims_text(shape, ndim) + " is not the planned " + dims_text(planned.shape, planned.ndim);
+  if (std::memcmp(&dtype, &planned.dtype, sizeof dtype) != 0)
+    return "its dtype (" + std::to_string(dtype.bits) + "-bit, DLPack code " + std::to_string(dtype.code) +
+           ") is not the planned one";
+  if (!same_strides(planned))
+    return "strides " + dims_text(strides, ndim) + " are not the planned layout " + dims_text(planned.strides, ndim);
+  if (alignment != planned.alignment)
+    return "its data is " + std::to_string(alignment) + "-byte aligned, the planned " +
+           std::to_string(planned.alignment) + "-byte";
+  if (device.device_type != planned.device.device_type || device.device_id != planned.device.device_id)
+    return "device differs from the planned one";
+  return "";
+}
+
+namespace {
+
+// Checks an array against the one a PackedConv was made for; raises naming what differs.
+void check_fits(const char* name, const BorrowedTensor& t, const TensorSignature& planned) {
+  const std::string what = TensorSignature::of(t).mismatch(planned);
+  if (what.empty()) return;
+  const std::string message = std::string(name) + ": does not fit this convolution plan: " + what;
+  if (what.rfind("its dtype", 0) == 0) throw py::type_error(message);  // a dtype is a type
+  throw py::value_error(message);
 }
 
 }  // namespace
@@ -299,9 +305,9 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
   BorrowedTensor bias(bias_array, r.bias, stream);
   check_operands(shim, spec, r, x, w, y, bias);
   std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream_pointer(stream));
-  x_signature_ = signature(x);
-  y_signature_ = signature(y);
-  bias_signature_ = signature(bias);
+  x_signature_ = TensorSignature::of(x);
+  y_signature_ = TensorSignature::of(y);
+  bias_signature_ = TensorSignature::of(bias);
   keep_w_ = py::none();
   FDNN_Conv_Plan_Pack_Weights* pack = shim.pack_weights_fn();
   if (pack == nullptr) {  // the shim cannot pack: keep the caller's weights, pass them each call
@@ -327,9 +333,9 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
 void PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_array,
                      py::handle stream, py::handle workspace_alloc) const {
   BorrowedTensor x(x_array, "x", stream), y(y_array, "out", stream), bias(bias_array, "bias", stream);
-  if (!fits(x, x_signature_)) mismatch("x", x, x_signature_);
-  if (!fits(y, y_signature_)) mismatch("out", y, y_signature_);
-  if (!fits(bias, bias_signature_)) mismatch("bias", bias, bias_signature_);
+  check_fits("x", x, x_signature_);
+  check_fits("out", y, y_signature_);
+  check_fits("bias", bias, bias_signature_);
   if (y.read_only()) throw py::value_error("out: the array is read-only");
   BorrowedTensor no_w(py::none(), "w", stream);
   const BorrowedTensor* all[4] = {&x, &no_w, &y, &bias};

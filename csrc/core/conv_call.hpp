@@ -8,6 +8,7 @@
 
 #include "client/plan.hpp"
 #include "client/shim.hpp"
+#include "dlpack_intake.hpp"
 
 namespace fdnn_core {
 
@@ -36,6 +37,24 @@ pybind11::dict plan_info(const Shim& shim, const ConvSpec& spec, pybind11::handl
                          pybind11::handle w, pybind11::handle y, pybind11::handle bias,
                          pybind11::handle stream);
 
+// What of an array a PackedConv holds later arrays to: shape, layout (the strides of dims
+// longer than 1), dtype, data alignment and device; or that there is no array.
+struct TensorSignature {
+  bool present = false;
+  int32_t ndim = 0;
+  FDNN_DLDataType dtype{};
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+  uint8_t alignment = 0;
+  FDNN_DLDevice device{};
+
+  static TensorSignature of(const BorrowedTensor& t);
+  std::string mismatch(const TensorSignature& planned) const;  // "" when it fits
+
+ private:
+  bool same_strides(const TensorSignature& planned) const;
+};
+
 // A forward convolution fixed for one set of shapes, strides, dtypes and device, whose
 // weights the shim has packed into its own layout once (when it can: Conv_Plan_Pack_Weights
 // is not NULL). Calls skip the plan cache and the weight reorder; the arrays are only
@@ -52,7 +71,7 @@ class PackedConv {
  private:
   std::shared_ptr<fdnn_client::Plan> plan_;
   pybind11::object keep_w_;  // the caller's weights when the shim cannot pack (else None)
-  std::string x_signature_, y_signature_, bias_signature_;
+  TensorSignature x_signature_, y_signature_, bias_signature_;
 };
 
 }  // namespace fdnn_core

@@ -443,35 +443,17 @@ RUNNERS = {
 # delete the test's mark and the avoidance here.
 #  - conv_transpose on JAX arrays with output_padding beyond the stride (its trimmed rows
 #    are written in place): test_transposed_jax_output_padding_beyond_stride.
-#  - oneDNN's 1x1 backward-weights kernel with a stride and channels-last data writes past
-#    its scratch buffer (oneDNN issue 6035: wrong weights, then heap corruption that kills the
-#    process): test_strided_1x1_channels_last_weight_gradient. Kept clear of for every shim,
-#    since a crash ends the whole run; that test checks the case on each shim in a process
-#    of its own.
-KNOWN_DEFECTS = {"jax_transposed_beyond_stride", "strided_1x1_channels_last_weight_gradient"}
+KNOWN_DEFECTS = {"jax_transposed_beyond_stride"}
 
 
 def draw(op: str, rng, nd: int, form: str, cap, lib=None, layout="contiguous", **kinds) -> Geometry:
     """A geometry for op, with only the features the shim claims (kinds may force some),
-    clear of the known defects for the array library lib and the layout."""
+    clear of the known defects for the array library lib and the layout (a defect may
+    depend on either; none now depends on the layout)."""
     kinds.setdefault("grouped", "groups" in cap.features)
     kinds.setdefault("dilated", "dilation" in cap.features)
     if op == "transposed":
         if lib is not None and lib.name == "jax" and "jax_transposed_beyond_stride" in KNOWN_DEFECTS:
             kinds.setdefault("beyond_stride", False)
         return draw_transposed(rng, nd, form, **kinds)
-    g = draw_geometry(rng, nd, form, **kinds)
-    if (
-        op.startswith("backward_weight")
-        and layout == "channels_last"
-        and max(g.kernel) == 1
-        and "strided_1x1_channels_last_weight_gradient" in KNOWN_DEFECTS
-    ):
-        g = dataclasses.replace(
-            g, kernel=(2,) * nd, spatial=tuple(max(s, 2 * d + 1) for s, d in zip(g.spatial, g.dilation))
-        )
-        if g.form == "same":  # its padding follows the kernel
-            g = dataclasses.replace(
-                g, **dict(zip(("lo", "hi", "padding"), _padding(rng, nd, "same", g.dilation, g.kernel)))
-            )
-    return g
+    return draw_geometry(rng, nd, form, **kinds)

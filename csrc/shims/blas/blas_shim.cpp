@@ -267,6 +267,9 @@ const char* dt_label(Dt dt) {
                                                                        : "bfloat16->float32";
 }
 
+// The plan of lowering l, its buffers chunked to fit workspace_limit where they can: its
+// workspace may still exceed the limit (fixed parts, or one output position, too large), which
+// plan_create checks.
 Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
   Plan p;
   p.op = a.op;
@@ -329,10 +332,6 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
     p.workspace = off;
     p.w_direct = false;
     p.chunk = p.M;
-    if (a.workspace_limit != SIZE_MAX && p.workspace > a.workspace_limit)
-      fail(FDNN_ERROR_OUT_OF_MEMORY,
-           "the OpenBLAS shim needs at least %zu bytes of workspace, the limit is %zu: %s",
-           p.workspace, a.workspace_limit, fdnn_shim::describe_problem(a).c_str());
     p.name = std::string("OpenBLAS direct depthwise (") + (p.dw_cl ? "channels-last" : "NC[D]HW") +
              "), " + dt_label(p.dt);
     return p;
@@ -399,11 +398,7 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
                           ? static_cast<int64_t>((a.workspace_limit - fixed - 128) / (per_unit * es))
                           : 0;
         while (fit > 0 && bytes_for(fit) > a.workspace_limit) --fit;
-        if (fit < 1)
-          fail(FDNN_ERROR_OUT_OF_MEMORY,
-               "the OpenBLAS shim needs at least %zu bytes of workspace, the limit is %zu: %s",
-               bytes_for(1), a.workspace_limit, fdnn_shim::describe_problem(a).c_str());
-        chunk = std::min(chunk, fit);
+        chunk = std::min(chunk, std::max<int64_t>(fit, 1));  // 1: the least; plan_create checks
       }
     }
     chunk = std::min<int64_t>(chunk, INT_MAX / std::max<int64_t>(1, per_unit));
@@ -1282,38 +1277,61 @@ FDNN_Error* conv_capabilities(FDNN_Conv_Capabilities_Args* args) {
   });
 }
 
+// The lowerings that can compute a: all but direct depthwise, which needs one input channel
+// per group.
+std::vector<Lowering> lowerings_for(const FDNN_Conv_Plan_Create_Args& a) {
+  std::vector<Lowering> all{kRows, kCols, kColsBatch};
+  if (a.w->shape[1] == 1) all.push_back(kDepthwise);
+  return all;
+}
+
+// The plan of the policy: the given lowering, the fastest of those within workspace_limit, or
+// the heuristic's.
+Plan chosen_plan(const FDNN_Conv_Plan_Create_Args& a) {
+  if (a.algo_policy == FDNN_ALGO_GIVEN && a.algo_id != kHeuristic)
+    return make_plan(a, static_cast<Lowering>(a.algo_id));
+  if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
+    double best = 0;
+    bool have = false;
+    Plan plan;
+    for (Lowering l : lowerings_for(a)) {
+      Plan candidate = make_plan(a, l);
+      if (candidate.workspace > a.workspace_limit) continue;
+      const double t = time_plan(candidate, a);
+      if (!have || t < best) {
+        best = t;
+        plan = std::move(candidate);
+        have = true;
+      }
+    }
+    if (have) return plan;
+  }
+  return make_plan(a, heuristic_lowering(a));
+}
+
+// A plan within workspace_limit, as the header asks: the policy's, else the lowering that
+// needs the least (a pointwise one on the caller's own arrays needs none); else the problem
+// is refused as UNSUPPORTED, naming the least it needs, so that a caller may pass it on.
+Plan plan_within_limit(const FDNN_Conv_Plan_Create_Args& a) {
+  Plan plan = chosen_plan(a);
+  if (plan.workspace <= a.workspace_limit) return plan;
+  for (Lowering l : lowerings_for(a)) {
+    Plan lean = make_plan(a, l);
+    if (lean.workspace < plan.workspace) plan = std::move(lean);
+  }
+  if (plan.workspace > a.workspace_limit)
+    fail(FDNN_ERROR_UNSUPPORTED,
+         "the OpenBLAS shim needs at least %zu bytes of workspace, the limit (workspace_limit) is "
+         "%zu: %s",
+         plan.workspace, a.workspace_limit, fdnn_shim::describe_problem(a).c_str());
+  return plan;
+}
+
 FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE, "Conv_Plan_Create");
-    const FDNN_Conv_Plan_Create_Args& a = *args;
-    check_problem(a);
-    Plan plan;
-    if (a.algo_policy == FDNN_ALGO_GIVEN && a.algo_id != kHeuristic) {
-      plan = make_plan(a, static_cast<Lowering>(a.algo_id));
-    } else if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
-      double best = 0;
-      bool have = false;
-      for (Lowering l : {kRows, kCols, kColsBatch, kDepthwise}) {
-        if (l == kDepthwise && a.w->shape[1] != 1) continue;
-        Plan candidate;
-        try {
-          candidate = make_plan(a, l);
-        } catch (const fdnn_shim::Failure& f) {
-          if (f.code() != FDNN_ERROR_OUT_OF_MEMORY) throw;
-          continue;
-        }
-        const double t = time_plan(candidate, a);
-        if (!have || t < best) {
-          best = t;
-          plan = std::move(candidate);
-          have = true;
-        }
-      }
-      if (!have) plan = make_plan(a, heuristic_lowering(a));  // reports the shortage
-    } else {
-      plan = make_plan(a, heuristic_lowering(a));
-    }
-    auto* owned = new Plan(std::move(plan));
+    check_problem(*args);
+    auto* owned = new Plan(plan_within_limit(*args));
     args->plan = reinterpret_cast<FDNN_Plan*>(owned);
     args->workspace_size = owned->workspace;
     args->chosen_algo_id = owned->algo_id;

@@ -230,6 +230,7 @@ struct Problem {
   memory::desc x, w, y, bias;                      // the caller's layouts, in dt
   memory::desc x_user, w_user, y_user, bias_user;  // the caller's layouts and dtype
   memory::dims strides, dilates, pad_lo, pad_hi;
+  size_t scratchpad_limit = SIZE_MAX;  // bytes the primitive's scratchpad may take, if it can
 };
 
 Problem describe(const FDNN_Conv_Plan_Create_Args& a, bool convert) {
@@ -310,6 +311,68 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Problem& p, const mem
       p.strides, p.dilates, p.pad_lo, p.pad_hi, attr);
 }
 
+// oneDNN 3.2's backward-weights JIT kernels for 1x1 convolutions ("jit_1x1:avx2",
+// "jit_1x1:avx512_core", the bf16 one) copy a strided source into a unit-stride per-thread
+// buffer ("rtus") whose rows they address in the ISA's channel block (8 channels on AVX2, 16
+// on AVX-512) while the buffer holds rows of the real channel count when the source is plain
+// channels-last: with fewer input channels per group than the block they write past their
+// scratchpad -- wrong weights, then heap corruption ("double free or corruption" at exit).
+// oneDNN issue 6035, open upstream. Checked on AVX2 through guard pages behind the
+// workspace (1-D and 2-D, 1 and 2 threads): 2 to 7 channels crash or are wrong, 8 to 32 are
+// right, as are blocked sources (algo 2, 3) and stride 1 (no rtus); the AVX-512 bound, 16, is
+// the upstream report's. Whether a backward-weights primitive descriptor chose that kernel
+// for that case:
+bool hits_onednn_issue_6035(const FDNN_Conv_Plan_Create_Args& a,
+                            const dnnl::convolution_backward_weights::primitive_desc& pd) {
+  const std::string impl = pd.impl_info_str();
+  if (impl.find("jit") == std::string::npos || impl.find("1x1") == std::string::npos)
+    return false;
+  bool strided = false;
+  for (int i = 0; i < a.spatial_rank; ++i) strided = strided || a.stride[i] > 1;
+  if (!strided) return false;  // no rtus buffer
+  if (pd.src_desc().get_inner_nblks() != 0) return false;  // blocked source: addressed right
+  const bool block8 =
+      impl.find("avx2") != std::string::npos || impl.find("sse41") != std::string::npos;
+  return a.x->shape[1] / a.groups < (block8 ? 8 : 16);
+}
+
+// Whether this shim may run the implementation a primitive descriptor points at.
+bool runnable(const FDNN_Conv_Plan_Create_Args&, const dnnl::primitive_desc&) { return true; }
+bool runnable(const FDNN_Conv_Plan_Create_Args& a,
+              const dnnl::convolution_backward_weights::primitive_desc& pd) {
+  return !hits_onednn_issue_6035(a, pd);
+}
+
+// The implementation to run, walking oneDNN's list from its first choice (`make` makes the
+// descriptor there): the first this shim may run whose scratchpad fits p.scratchpad_limit
+// (with no limit, oneDNN's first choice); when none fits, the one with the smallest
+// scratchpad, whose plan create_plan then replaces or refuses. Every layout policy, algo id
+// and benchmark candidate comes through here.
+template <class Pd, class MakePd>
+Pd choose_implementation(const Problem& p, MakePd make) {
+  const FDNN_Conv_Plan_Create_Args& a = *p.args;
+  Pd pd = make();
+  int index = 0, smallest = -1;
+  size_t smallest_size = SIZE_MAX;
+  do {
+    if (runnable(a, pd)) {
+      const size_t size = pd.scratchpad_desc().get_size();
+      if (size <= p.scratchpad_limit) return pd;
+      if (smallest < 0 || size < smallest_size) {
+        smallest = index;
+        smallest_size = size;
+      }
+    }
+    ++index;
+  } while (pd.next_impl());
+  if (smallest < 0)
+    throw dnnl::error(dnnl_unimplemented,
+                      "oneDNN's only implementation here is jit_1x1 (oneDNN issue 6035)");
+  pd = make();
+  for (int i = 0; i < smallest; ++i) pd.next_impl();
+  return pd;
+}
+
 // Makes the primitive and its operands for one layout policy; `output_staged` says whether the written operand goes through the workspace.
 void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan& plan) {
   const FDNN_Conv_Plan_Create_Args& a = *p.args;
@@ -340,7 +403,8 @@ void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan
   };
   if (a.op == FDNN_CONV_FORWARD) {
     attr.set_post_ops(forward_post_ops(a, output_staged));
-    auto pd = forward_pd(p, x, w, y, attr, dnnl::prop_kind::forward_inference);
+    auto pd = choose_implementation<dnnl::convolution_forward::primitive_desc>(
+        p, [&] { return forward_pd(p, x, w, y, attr, dnnl::prop_kind::forward_inference); });
     plan.conv = dnnl::convolution_forward(pd);
     plan.scratchpad_size = pd.scratchpad_desc().get_size();
     plan.name = pd.impl_info_str();
@@ -350,9 +414,11 @@ void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan
     if (!p.bias.is_zero()) add(DNNL_ARG_BIAS, 3, false, p.bias_user, p.bias);
   } else if (a.op == FDNN_CONV_BACKWARD_DATA) {
     auto hint = forward_pd(p, x, w, y, base_attr(a), dnnl::prop_kind::forward_training);
-    auto pd = dnnl::convolution_backward_data::primitive_desc(
-        cpu_engine(), dnnl::algorithm::convolution_direct, x, w, y, p.strides, p.dilates,
-        p.pad_lo, p.pad_hi, hint, attr);
+    auto pd = choose_implementation<dnnl::convolution_backward_data::primitive_desc>(p, [&] {
+      return dnnl::convolution_backward_data::primitive_desc(
+          cpu_engine(), dnnl::algorithm::convolution_direct, x, w, y, p.strides, p.dilates,
+          p.pad_lo, p.pad_hi, hint, attr);
+    });
     plan.conv = dnnl::convolution_backward_data(pd);
     plan.scratchpad_size = pd.scratchpad_desc().get_size();
     plan.name = pd.impl_info_str();
@@ -362,9 +428,13 @@ void build_primitive(const Problem& p, Layouts layouts, bool output_staged, Plan
   } else {
     auto hint = forward_pd(p, x, w, y, base_attr(a), dnnl::prop_kind::forward_training);
     const memory::desc bias = p.bias;  // plain; zero desc when absent
-    auto pd = dnnl::convolution_backward_weights::primitive_desc(
-        cpu_engine(), dnnl::algorithm::convolution_direct, x, w, bias, y, p.strides, p.dilates,
-        p.pad_lo, p.pad_hi, hint, attr);
+    // Never the jit_1x1 kernel where it corrupts memory (runnable): oneDNN's next one for the
+    // same layouts instead, a direct JIT kernel, gemm or ref.
+    auto pd = choose_implementation<dnnl::convolution_backward_weights::primitive_desc>(p, [&] {
+      return dnnl::convolution_backward_weights::primitive_desc(
+          cpu_engine(), dnnl::algorithm::convolution_direct, x, w, bias, y, p.strides, p.dilates,
+          p.pad_lo, p.pad_hi, hint, attr);
+    });
     plan.conv = dnnl::convolution_backward_weights(pd);
     plan.scratchpad_size = pd.scratchpad_desc().get_size();
     plan.name = pd.impl_info_str();
@@ -460,10 +530,13 @@ bool is_fast_kernel(const std::string& impl) {
   return impl.find("ref") == std::string::npos && impl.find("gemm") == std::string::npos;
 }
 
-Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t algo) {
+// The plan of algorithm `algo`, its primitive's scratchpad within scratchpad_limit where an
+// implementation allows (the caller's workspace_limit unless said otherwise).
+Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t algo, size_t scratchpad_limit) {
   const Layouts layouts = static_cast<Layouts>(algo % kConverted);
   const bool convert = algo >= kConverted && to_dnnl(a.x->dtype) != memory::data_type::f32;
-  const Problem p = describe(a, convert);
+  Problem p = describe(a, convert);
+  p.scratchpad_limit = scratchpad_limit;
   // Backward ops have no post-ops in oneDNN: alpha and beta go through a staged output.
   const bool outputs_accumulate =
       a.op == FDNN_CONV_FORWARD ? false : (a.beta != 0.f || a.alpha != 1.f);
@@ -480,6 +553,21 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t algo) {
   plan.name += std::string(" (") + layouts_name(layouts) +
                (convert ? ", computed in float32 with one rounding)" : ")");
   return plan;
+}
+
+Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t algo) {
+  return make_plan(a, algo, a.workspace_limit);
+}
+
+// The plan in the caller's own layouts (of base 0, or kConverted) that needs the least
+// workspace within workspace_limit. Its staging buffers (converted operands, a scaled backward
+// output) are the same whichever implementation runs, so its scratchpad gets what the limit
+// leaves them; where no implementation fits there, the plan needs the least this shim can do.
+Plan lean_plan(const FDNN_Conv_Plan_Create_Args& a, int64_t base) {
+  const Plan any = make_plan(a, base + kUserLayouts, SIZE_MAX);
+  const size_t staging = any.workspace_size - align64(any.scratchpad_size);
+  const size_t room = a.workspace_limit > staging ? (a.workspace_limit - staging) / 64 * 64 : 0;
+  return make_plan(a, base + kUserLayouts, room);
 }
 
 // Problems this small finish sooner on the calling thread than an OpenMP team takes to fork
@@ -810,58 +898,73 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
   });
 }
 
-void create_plan(FDNN_Conv_Plan_Create_Args* args) {
-  {
-    const FDNN_Conv_Plan_Create_Args& a = *args;
-    check_problem(a);
-    const int threads = macs_of(a) < kSerialMacs ? 1 : 0;
-    TeamSize team(threads);
+// The plan of the policy: the given algorithm, the fastest candidate within workspace_limit,
+// or the heuristic's.
+Plan policy_plan(const FDNN_Conv_Plan_Create_Args& a) {
+  if (a.algo_policy == FDNN_ALGO_GIVEN) return make_plan(a, a.algo_id);
+  if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
+    double best = 0;
     Plan plan;
-    try {
-      if (a.algo_policy == FDNN_ALGO_GIVEN) {
-        plan = make_plan(a, a.algo_id);
-      } else if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
-        double best = 0;
-        const memory::data_type dt = to_dnnl(a.x->dtype);
-        const int64_t base = is_16bit(dt) && !native_ops(dt).op[a.op] ? kConverted : 0;
-        for (Layouts l : {kUserLayouts, kVendorWeights, kVendorLayouts, kBlocked16}) {
-          try {
-            Plan candidate = make_plan(a, base + l);
-            if (candidate.workspace_size > a.workspace_limit) continue;
-            double t = time_plan(candidate, a);
-            if (plan.name.empty() || t < best) {
-              best = t;
-              plan = std::move(candidate);
-            }
-          } catch (const dnnl::error& e) {
-            if (e.status != dnnl_unimplemented) throw;
-          }
-        }
-        if (plan.name.empty()) plan = heuristic_or_converted(a);
-      } else {
-        plan = heuristic_or_converted(a);
-      }
-    } catch (const dnnl::error& e) {
-      fail_vendor(e, a, "primitive creation");
-    }
-    if (plan.workspace_size > a.workspace_limit && a.workspace_limit != SIZE_MAX) {
-      // Staging buffers are what costs; a converted plan stages every operand regardless.
+    const memory::data_type dt = to_dnnl(a.x->dtype);
+    const int64_t base = is_16bit(dt) && !native_ops(dt).op[a.op] ? kConverted : 0;
+    for (Layouts l : {kUserLayouts, kVendorWeights, kVendorLayouts, kBlocked16}) {
       try {
-        Plan lean = make_plan(a, plan.algo_id / kConverted * kConverted + kUserLayouts);
-        if (lean.workspace_size <= plan.workspace_size) plan = std::move(lean);
-      } catch (const dnnl::error&) {
-        // no lean plan for this problem: keep the chosen one; the caller falls back
+        Plan candidate = make_plan(a, base + l);
+        if (candidate.workspace_size > a.workspace_limit) continue;
+        double t = time_plan(candidate, a);
+        if (plan.name.empty() || t < best) {
+          best = t;
+          plan = std::move(candidate);
+        }
+      } catch (const dnnl::error& e) {
+        if (e.status != dnnl_unimplemented) throw;
       }
     }
-    plan.threads = threads;
-    plan.op = a.op;
-    plan.element_size = fdnn_shim::element_bytes(a.x->dtype);
-    auto* owned = new Plan(std::move(plan));
-    args->plan = reinterpret_cast<FDNN_Plan*>(owned);
-    args->workspace_size = owned->workspace_size;
-    args->chosen_algo_id = owned->algo_id;
-    args->algo_name = owned->name.c_str();
+    if (!plan.name.empty()) return plan;
   }
+  return heuristic_or_converted(a);
+}
+
+// A plan within workspace_limit, as the header asks: the policy's, else the leanest in the
+// caller's own layouts (staging buffers are what costs beyond the scratchpad; a converted plan
+// stages every operand regardless), which may replace a given algorithm; else the problem is
+// refused as UNSUPPORTED, naming the least it needs, so that a caller may pass it on.
+Plan plan_within_limit(const FDNN_Conv_Plan_Create_Args& a) {
+  Plan plan = policy_plan(a);
+  if (plan.workspace_size <= a.workspace_limit) return plan;
+  try {
+    Plan lean = lean_plan(a, plan.algo_id / kConverted * kConverted);
+    if (lean.workspace_size <= plan.workspace_size) plan = std::move(lean);
+  } catch (const dnnl::error&) {
+    // no plan in the caller's layouts: the policy's is the least found
+  }
+  if (plan.workspace_size > a.workspace_limit)
+    fail(FDNN_ERROR_UNSUPPORTED,
+         "the oneDNN shim needs at least %zu bytes of workspace, the limit (workspace_limit) is "
+         "%zu: %s",
+         plan.workspace_size, a.workspace_limit, fdnn_shim::describe_problem(a).c_str());
+  return plan;
+}
+
+void create_plan(FDNN_Conv_Plan_Create_Args* args) {
+  const FDNN_Conv_Plan_Create_Args& a = *args;
+  check_problem(a);
+  const int threads = macs_of(a) < kSerialMacs ? 1 : 0;
+  TeamSize team(threads);
+  Plan plan;
+  try {
+    plan = plan_within_limit(a);
+  } catch (const dnnl::error& e) {
+    fail_vendor(e, a, "primitive creation");
+  }
+  plan.threads = threads;
+  plan.op = a.op;
+  plan.element_size = fdnn_shim::element_bytes(a.x->dtype);
+  auto* owned = new Plan(std::move(plan));
+  args->plan = reinterpret_cast<FDNN_Plan*>(owned);
+  args->workspace_size = owned->workspace_size;
+  args->chosen_algo_id = owned->algo_id;
+  args->algo_name = owned->name.c_str();
 }
 
 // Times a candidate on zero-filled buffers of the problem's sizes (benchmark policy).
