@@ -59,7 +59,6 @@ FEATURES = (
     "benchmark",
     "reduced_precision",
 )
-#: What ABI 1.2 asks of every shim, so what a 1.2 shim claims without saying so.
 
 
 # ------------------------------------------------------------------------------------------
@@ -75,8 +74,6 @@ class Capability:
     activations: frozenset  #: flux_dnn activation names fused (forward)
     features: frozenset  #: names from FEATURES
     detail: str  #: the shim's words: how, or why not
-    #: False for an ABI 1.2 shim, which reports only how it computes a dtype: the rest is
-    #: what ABI 1.2 requires of every shim, and nothing optional is known.
 
     @property
     def computes(self) -> bool:
