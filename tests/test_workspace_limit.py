@@ -16,9 +16,10 @@ import re
 import numpy as np
 import pytest
 
-import fdnn_ctypes as F
+from abi import fdnn_ctypes as F
 import reference as ref
-from fdnn_ctypes import ABI
+from abi.fdnn_ctypes import ABI
+from abi.shims import shim_sources
 
 OPS = {"forward": ABI.CONV_FORWARD, "backward_data": ABI.CONV_BACKWARD_DATA,
        "backward_weight": ABI.CONV_BACKWARD_WEIGHT}
@@ -29,10 +30,14 @@ REFUSAL = re.compile(r"needs at least (\d+) bytes of workspace, the limit \(work
 
 
 def _cpu_shims():
-    F.preload_vendor_libraries()
+    """Every installed shim library (the ABI suite's discovery, fakes aside) with a CPU device."""
     found = []
-    for name, path in sorted(F.shim_libraries().items()):
-        shim = F.Shim(path)
+    for name, source in sorted(shim_sources().items()):
+        if not source.library or source.missing or name.startswith("fake"):
+            continue
+        if source.preload is not None:
+            source.preload()
+        shim = F.Shim(source.library)
         info = shim.info()
         if info.device_type == ABI.DEVICE_CPU and info.num_devices > 0:
             found.append(pytest.param(shim, id=name))
