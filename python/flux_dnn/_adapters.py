@@ -30,6 +30,10 @@ class ArrayAPIAdapter:
     """Any array with __dlpack__ and the array API (__array_namespace__)."""
 
     name = "array-api"
+    #: a[slices] is a view that writes through, and a[...] = v assigns in place. The array API
+    #: leaves both to the library (JAX arrays are immutable, their slices copies), so only the
+    #: libraries known to have them say so.
+    has_views = False
     #: export(a) is a itself: the core takes such arrays as they are (through __dlpack__)
     exports_itself = True
 
@@ -120,6 +124,7 @@ def _numpy_empty(*args, **kwargs):
 
 class NumpyAdapter(ArrayAPIAdapter):
     name = "numpy"
+    has_views = True
     # key(a) = (a.shape, a.strides, a.dtype.num), read in C (no Python frame per array). The
     # type number hashes faster than the dtype; it leaves out the byte order, which changes
     # no decision here (the core refuses a non-native byte order on every call). The type
@@ -178,6 +183,7 @@ def _torch_to_dlpack(tensor):
 
 class TorchAdapter(ArrayAPIAdapter):
     name = "torch"
+    has_views = True
     exports_itself = False
 
     def key(self, a):
@@ -222,6 +228,7 @@ class TorchAdapter(ArrayAPIAdapter):
 
 class CupyAdapter(ArrayAPIAdapter):
     name = "cupy"
+    has_views = True
 
     def key(self, a):
         return (type(a), a.shape, a.dtype, a.strides, a.device.id)

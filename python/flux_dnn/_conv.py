@@ -497,6 +497,8 @@ def transpose(nd: int, x, w, bias, stride, padding, out_padding, groups, dilatio
     if pattern.trim is None:
         if pattern.out_shape[0] != 0:
             moved = _execute(prepared, direct, y, w, x, None, x)
+    elif out is None and not _BY_TYPE[type(x)].has_views:
+        y, moved = _transpose_without_views(pattern, x, w, direct)
     else:
         kept = kept_rows(pattern.out_shape[2:], pattern.trim)
         if pattern.out_shape[0] != 0 and prepared.shim is not None:
@@ -510,6 +512,24 @@ def transpose(nd: int, x, w, bias, stride, padding, out_padding, groups, dilatio
     if bias is not None:  # the ABI's backward-data has no bias epilogue: the library adds it
         y += bias.reshape((1, -1) + (1,) * nd) * options.alpha
     return y
+
+
+def _transpose_without_views(pattern, x, w, direct) -> tuple:
+    """The trimmed transposed convolution for a library whose slices are copies (JAX): the
+    reachable rows are computed into an array of their own, and the rows no window reaches
+    are appended as zeros. Returns (output, the pattern served by another shim or None)."""
+    prepared, moved = pattern.prepared, None
+    computed = prepared.empty(x, prepared.out_shape, prepared.channels_last)
+    if pattern.out_shape[0] != 0 and prepared.shim is not None:
+        moved = _execute(prepared, direct, computed, w, x, None, x)
+    xp = _BY_TYPE[type(x)].namespace(x)
+    concat = getattr(xp, "concat", None) or xp.concatenate
+    y = computed
+    for i, t in enumerate(pattern.trim):
+        if t:
+            zeros_shape = (*y.shape[: 2 + i], t, *y.shape[3 + i :])
+            y = concat([y, xp.zeros(zeros_shape, dtype=y.dtype)], axis=2 + i)
+    return y, moved
 
 
 def _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options) -> tuple:

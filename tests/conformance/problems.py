@@ -441,9 +441,8 @@ RUNNERS = {
 # test_known_defects.py, and the random draws keep clear of it, so that the matrix stays a
 # check of the shims. When a defect is fixed its xfail passes, which fails the run: then
 # delete the test's mark and the avoidance here.
-#  - conv_transpose on JAX arrays with output_padding beyond the stride (its trimmed rows
-#    are written in place): test_transposed_jax_output_padding_beyond_stride.
-KNOWN_DEFECTS = {"jax_transposed_beyond_stride"}
+# None is open now.
+KNOWN_DEFECTS: set = set()
 
 
 def draw(op: str, rng, nd: int, form: str, cap, lib=None, layout="contiguous", **kinds) -> Geometry:
@@ -453,7 +452,5 @@ def draw(op: str, rng, nd: int, form: str, cap, lib=None, layout="contiguous", *
     kinds.setdefault("grouped", "groups" in cap.features)
     kinds.setdefault("dilated", "dilation" in cap.features)
     if op == "transposed":
-        if lib is not None and lib.name == "jax" and "jax_transposed_beyond_stride" in KNOWN_DEFECTS:
-            kinds.setdefault("beyond_stride", False)
         return draw_transposed(rng, nd, form, **kinds)
     return draw_geometry(rng, nd, form, **kinds)
