@@ -60,8 +60,11 @@ class ShimSpec:
 #: The dtypes of the ABI, by the names array libraries give them.
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 #: The convolution ops of the ABI by name.
-OPS = {"forward": _core.CONV_FORWARD, "backward_data": _core.CONV_BACKWARD_DATA,
-       "backward_weight": _core.CONV_BACKWARD_WEIGHT}
+OPS = {
+    "forward": _core.CONV_FORWARD,
+    "backward_data": _core.CONV_BACKWARD_DATA,
+    "backward_weight": _core.CONV_BACKWARD_WEIGHT,
+}
 SUPPORT_WORDS = {_core.SUPPORT_NATIVE: "native", _core.SUPPORT_CONVERTED: "converted", _core.SUPPORT_NONE: "no"}
 
 
@@ -203,7 +206,11 @@ class Registry:
                 chosen.append(_Entry(item, None, None, path=item))  # a library path, described at load
             else:
                 known = ", ".join(sorted(by_name)) or "none"
-                chosen.append(_Entry(item, None, f"FLUX_DNN_SHIMS names {item!r}, but no such shim is installed (installed: {known})"))
+                chosen.append(
+                    _Entry(
+                        item, None, f"FLUX_DNN_SHIMS names {item!r}, but no such shim is installed (installed: {known})"
+                    )
+                )
         return chosen
 
     # -- loading -----------------------------------------------------------------------
@@ -263,8 +270,9 @@ class Registry:
                 usable.sort(key=lambda e: -e.priority)  # stable
             return usable, failures
 
-    def candidates(self, device_type: int, dtype: str, device_id: int = 0, argument: str = "x",
-                   op: Optional[int] = None) -> list:
+    def candidates(
+        self, device_type: int, dtype: str, device_id: int = 0, argument: str = "x", op: Optional[int] = None
+    ) -> list:
         """The usable shims for a device type that compute `dtype` on device_id (for `op`, or
         for any op when None), as their capabilities report, in the order they are asked.
         A caller tries them in turn, passing a problem on when plan creation raises
@@ -279,8 +287,14 @@ class Registry:
             raise TypeError(self._dtype_message(device_type, dtype, device_id, argument, usable, failures, op))
         return serving
 
-    def shim_for(self, device_type: int, dtype: Optional[str] = None, device_id: int = 0,
-                 argument: str = "x", op: Optional[int] = None) -> _Entry:
+    def shim_for(
+        self,
+        device_type: int,
+        dtype: Optional[str] = None,
+        device_id: int = 0,
+        argument: str = "x",
+        op: Optional[int] = None,
+    ) -> _Entry:
         """The first of candidates() (the first usable shim when dtype is None)."""
         if dtype is None:
             usable, failures = self.usable_for(device_type)
@@ -311,7 +325,7 @@ class Registry:
         lines = [f"no usable flux_dnn shim for {device} arrays (DLPack device type {device_type}):"]
         for e in failures:
             lines.append(f"  shim {e.name!r}: {e.why_not()}")
-            hint = (e.spec.install_hint if e.spec and e.spec.install_hint else hint)
+            hint = e.spec.install_hint if e.spec and e.spec.install_hint else hint
         lines.append(f"  to fix: {hint}")
         return "\n".join(lines)
 
@@ -329,14 +343,21 @@ class Registry:
     def _status(e: _Entry) -> ShimStatus:
         spec, info = e.spec, e.info or {}
         status = ShimStatus(
-            name=e.name, device_type=spec.device_type if spec else info.get("device_type", 0),
-            found=spec is not None or e.shim is not None, loaded=e.shim is not None,
-            vendor=info.get("vendor", ""), vendor_version_built=info.get("vendor_version_built", ""),
+            name=e.name,
+            device_type=spec.device_type if spec else info.get("device_type", 0),
+            found=spec is not None or e.shim is not None,
+            loaded=e.shim is not None,
+            vendor=info.get("vendor", ""),
+            vendor_version_built=info.get("vendor_version_built", ""),
             vendor_version_runtime=info.get("vendor_version_runtime", ""),
-            shim_version=info.get("shim_version", ""), abi=tuple(info.get("abi", ())),
-            priority=info.get("priority", 0), num_devices=info.get("num_devices", 0),
+            shim_version=info.get("shim_version", ""),
+            abi=tuple(info.get("abi", ())),
+            priority=info.get("priority", 0),
+            num_devices=info.get("num_devices", 0),
             path=info.get("path", e.path),
-            reason=e.reason or info.get("unavailable_reason"), install_hint=spec.install_hint if spec else "")
+            reason=e.reason or info.get("unavailable_reason"),
+            install_hint=spec.install_hint if spec else "",
+        )
         if not e.usable:
             return status
         try:  # a shim that fails to describe device 0 is listed with that reason
@@ -347,8 +368,9 @@ class Registry:
             status.reason = f"{type(exc).__name__}: {exc}"
             return status
         forward = status.capabilities["forward"]
-        status.dtype_support = {d: (SUPPORT_WORDS.get(c["support"], f"unknown ({c['support']})"), c["detail"])
-                                for d, c in forward.items()}
+        status.dtype_support = {
+            d: (SUPPORT_WORDS.get(c["support"], f"unknown ({c['support']})"), c["detail"]) for d, c in forward.items()
+        }
         status.dtypes = tuple(d for d, c in forward.items() if c["support"] != _core.SUPPORT_NONE)
         return status
 

@@ -65,11 +65,20 @@ def _registered() -> list:
 
 
 def _fakes() -> list:
-    common = ("FAKE_COMPLETE", f'FAKE_SHIM_VERSION="{_core.__version__}"',
-              "FAKE_PRIORITY=FDNN_PRIORITY_PORTABLE", "FAKE_DEFAULT_FLAGS=0")
-    return [ShimSource("fake", "tests/fake_shim.c", defines=common + ('FAKE_NAME="fake"',)),
-            ShimSource("fake_unavailable", "tests/fake_shim.c", defines=common + (
-                'FAKE_NAME="fake_unavailable"', 'FAKE_UNAVAILABLE="a fake with no device"'))]
+    common = (
+        "FAKE_COMPLETE",
+        f'FAKE_SHIM_VERSION="{_core.__version__}"',
+        "FAKE_PRIORITY=FDNN_PRIORITY_PORTABLE",
+        "FAKE_DEFAULT_FLAGS=0",
+    )
+    return [
+        ShimSource("fake", "tests/fake_shim.c", defines=common + ('FAKE_NAME="fake"',)),
+        ShimSource(
+            "fake_unavailable",
+            "tests/fake_shim.c",
+            defines=common + ('FAKE_NAME="fake_unavailable"', 'FAKE_UNAVAILABLE="a fake with no device"'),
+        ),
+    ]
 
 
 def shim_sources() -> dict:
@@ -80,8 +89,13 @@ def shim_sources() -> dict:
         if m and value:
             name = m.group(1).lower()
             registered = found.get(name)
-            found[name] = ShimSource(name, key, value, registered.preload if registered else None,
-                                     missing="" if os.path.exists(value) else f"{key}={value} does not exist")
+            found[name] = ShimSource(
+                name,
+                key,
+                value,
+                registered.preload if registered else None,
+                missing="" if os.path.exists(value) else f"{key}={value} does not exist",
+            )
     for fake in _fakes():
         found[fake.name] = fake
     return found
@@ -97,8 +111,23 @@ def compile_fake(directory: pathlib.Path, name: str, *defines: str) -> str:
     if cc is None:
         pytest.skip("no C compiler here to build tests/fake_shim.c")
     library = directory / f"lib{name}.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{INCLUDE_DIR}",
-                    *(f"-D{d}" for d in defines), str(FAKE_SOURCE), "-o", str(library)], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{INCLUDE_DIR}",
+            *(f"-D{d}" for d in defines),
+            str(FAKE_SOURCE),
+            "-o",
+            str(library),
+        ],
+        check=True,
+    )
     return str(library)
 
 
@@ -120,8 +149,10 @@ def open_shim(name: str, tmp_path_factory) -> F.Shim:
     """The shim `name` of SOURCES, opened once per session; skips when it has no library."""
     source = SOURCES.get(name)
     if source is None:
-        pytest.skip(f"no shim {name!r} here (installed: {', '.join(sorted(SOURCES))}; or set "
-                    f"FLUX_DNN_{name.upper()}_SHIM to its library)")
+        pytest.skip(
+            f"no shim {name!r} here (installed: {', '.join(sorted(SOURCES))}; or set "
+            f"FLUX_DNN_{name.upper()}_SHIM to its library)"
+        )
     if source.missing:
         pytest.skip(f"shim {name} ({source.origin}): {source.missing}")
     return _opened(name, tmp_path_factory.getbasetemp())

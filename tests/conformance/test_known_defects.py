@@ -131,9 +131,7 @@ def test_strided_1x1_channels_last_weight_gradient(backend, rng):
     import sys
 
     backend.require("backward_weight", "float32", 2, layout="channels_last")
-    code = _STRIDED_1X1_SCRIPT.format(
-        tests=os.path.dirname(os.path.dirname(__file__)), seed=int(rng.integers(1 << 62))
-    )
+    code = _STRIDED_1X1_SCRIPT.format(tests=os.path.dirname(os.path.dirname(__file__)), seed=int(rng.integers(1 << 62)))
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
