@@ -49,7 +49,6 @@ import sys
 import time
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

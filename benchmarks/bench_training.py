@@ -143,8 +143,8 @@ def main(argv=None) -> list:
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {layout}; steps/s, median of {args.rounds} rounds"
     )
-    print(f"| model | dtype | batch | flux_dnn steps/s | torch steps/s | flux/torch |")
-    print(f"|---|---|---|---|---|---|")
+    print("| model | dtype | batch | flux_dnn steps/s | torch steps/s | flux/torch |")
+    print("|---|---|---|---|---|---|")
     rows = []
     for name, build, shape, steps, warmup in configs:
         for dt in args.dtypes.split(","):

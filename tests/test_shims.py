@@ -167,6 +167,7 @@ def test_failed_shim_is_listed_with_reason(broken_plugin):
 
 def test_failed_shim_raises_only_when_its_device_is_asked_for(broken_plugin, rng):
     import numpy as np
+
     from test_errors import OtherDevice
 
     x = rng.standard_normal((1, 2, 5, 5), dtype=np.float32)
@@ -411,7 +412,7 @@ def test_listing_shows_shims_that_fail_to_load_and_never_raises(tmp_path):
         env={**os.environ, "FLUX_DNN_SHIMS": wanted},
     )
     assert listing.returncode == 0, listing.stderr
-    assert f"('fakecpu', True), ('nosuchshim', False)" in listing.stdout
+    assert "('fakecpu', True), ('nosuchshim', False)" in listing.stdout
     code = (
         "import numpy as np, flux_dnn; flux_dnn.conv2d(np.zeros((1,1,3,3),np.float32), np.zeros((1,1,3,3),np.float32))"
     )

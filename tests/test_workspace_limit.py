@@ -16,8 +16,8 @@ import re
 import numpy as np
 import pytest
 
-from abi import fdnn_ctypes as F
 import reference as ref
+from abi import fdnn_ctypes as F
 from abi.fdnn_ctypes import ABI
 from abi.shims import shim_sources
 

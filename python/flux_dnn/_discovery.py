@@ -22,7 +22,7 @@ import dataclasses
 import importlib.metadata
 import os
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from . import _core
 
@@ -53,7 +53,7 @@ class ShimSpec:
     library: str  #: absolute path of the shim's shared library
     #: loads the vendor libraries the shim links (e.g. by path from a vendor wheel); raises
     #: with a readable reason when they are missing
-    preload: Optional[Callable[[], None]] = None
+    preload: Callable[[], None] | None = None
     install_hint: str = ""  #: what to install when this shim cannot load
 
 
@@ -99,7 +99,7 @@ class ShimStatus:
     dtype_support: dict = dataclasses.field(default_factory=dict)
     #: op name ("forward", ...) -> dtype -> Shim.capabilities(), device 0 (usable shims only)
     capabilities: dict = dataclasses.field(default_factory=dict)
-    reason: Optional[str] = None  #: why it cannot be used here; None when usable
+    reason: str | None = None  #: why it cannot be used here; None when usable
     install_hint: str = ""
 
     @property
@@ -115,13 +115,13 @@ class _Entry:
     """One discovered shim: its spec (or the error that kept us from getting one), and once
     loaded what it reports of itself, asked once and remembered."""
 
-    def __init__(self, name: str, spec: Optional[ShimSpec], reason: Optional[str], path: str = ""):
+    def __init__(self, name: str, spec: ShimSpec | None, reason: str | None, path: str = ""):
         self.name = name
         self.spec = spec
         self.path = spec.library if spec is not None else path  # the library, when known
         self.reason = reason  # why it failed to be found or loaded
         self.shim = None  # _core.Shim once loaded
-        self.info: Optional[dict] = None
+        self.info: dict | None = None
         self.attempted = False
         self._capabilities: dict = {}  # (op, dtype, device_id) -> Shim.capabilities()
         self._devices: dict = {}  # device_id -> Shim.device_info()
@@ -151,7 +151,7 @@ class _Entry:
         """The CONV_* flags a caller without a preference passes on this device."""
         return self.device_info(device_id)["default_flags"]
 
-    def computes(self, dtype: str, device_id: int = 0, op: Optional[int] = None) -> bool:
+    def computes(self, dtype: str, device_id: int = 0, op: int | None = None) -> bool:
         """Whether the shim computes dtype on the device: for op, or for any op when None."""
         if dtype not in DTYPES:
             return False
@@ -165,7 +165,7 @@ class _Entry:
 class Registry:
     def __init__(self):
         self._lock = threading.RLock()
-        self._entries: Optional[list] = None
+        self._entries: list | None = None
         self._explicit = False
 
     # -- discovery ---------------------------------------------------------------------
@@ -271,7 +271,7 @@ class Registry:
             return usable, failures
 
     def candidates(
-        self, device_type: int, dtype: str, device_id: int = 0, argument: str = "x", op: Optional[int] = None
+        self, device_type: int, dtype: str, device_id: int = 0, argument: str = "x", op: int | None = None
     ) -> list:
         """The usable shims for a device type that compute `dtype` on device_id (for `op`, or
         for any op when None), as their capabilities report, in the order they are asked.
@@ -290,10 +290,10 @@ class Registry:
     def shim_for(
         self,
         device_type: int,
-        dtype: Optional[str] = None,
+        dtype: str | None = None,
         device_id: int = 0,
         argument: str = "x",
-        op: Optional[int] = None,
+        op: int | None = None,
     ) -> _Entry:
         """The first of candidates() (the first usable shim when dtype is None)."""
         if dtype is None:

@@ -21,7 +21,7 @@ import pathlib
 import re
 import shutil
 import subprocess
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import pytest
 
@@ -43,7 +43,7 @@ class ShimSource:
     name: str
     origin: str  #: in words: "entry point flux_dnn._onednn:shim_spec", "FLUX_DNN_BLAS_SHIM", ...
     library: str = ""  #: its path; "" for a fake not built yet
-    preload: Optional[Callable[[], None]] = None  #: the entry point's preload of vendor libraries
+    preload: Callable[[], None] | None = None  #: the entry point's preload of vendor libraries
     defines: tuple = ()  #: a fake: the -D options it is built with
     missing: str = ""  #: why there is no library to test, when there is none
 
@@ -131,7 +131,7 @@ def compile_fake(directory: pathlib.Path, name: str, *defines: str) -> str:
     return str(library)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _opened(name: str, build_dir: pathlib.Path) -> F.Shim:
     source = SOURCES[name]
     library = source.library or compile_fake(build_dir, name, *source.defines)

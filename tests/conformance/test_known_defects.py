@@ -6,9 +6,9 @@ check that the defect does not come back."""
 
 import numpy as np
 import pytest
-import reference as ref
 
 import flux_dnn
+import reference as ref
 
 from .libraries import on_cpu
 
