@@ -401,13 +401,11 @@ def machine_text() -> str:
 
 def print_header(dtypes, shims_list, serving, load) -> None:
     c = cpu_info()
-    print(
-        f"# CPU: {c['model']}, {c['cpus']} logical CPUs, load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-    )
+    loads = " ".join(f"{v:.2f}" for v in load[:3])
+    print(f"# CPU: {c['model']}, {c['cpus']} logical CPUs, load average at start {loads}")
     if c["flags_read"]:
-        print(
-            f"# ISA flags present: {' '.join(c['isa_present']) or 'none'}; absent: {' '.join(c['isa_absent']) or 'none'}"
-        )
+        present, absent = " ".join(c["isa_present"]) or "none", " ".join(c["isa_absent"]) or "none"
+        print(f"# ISA flags present: {present}; absent: {absent}")
     else:
         print("# ISA flags: /proc/cpuinfo not readable")
     print(
@@ -456,7 +454,8 @@ def summaries(rows) -> list:
 
 def print_summaries(summ) -> None:
     print(
-        "| dtype | shim | rows | torch/flux geomean | min (row) | rows < 1.0 | vs own f32 geomean | min (row) | rows < 0.7 |"
+        "| dtype | shim | rows | torch/flux geomean | min (row) | rows < 1.0 "
+        "| vs own f32 geomean | min (row) | rows < 0.7 |"
     )
     print("|---|---|---:|---:|---|---:|---:|---|---:|")
     for s in summ:
@@ -503,20 +502,20 @@ def print_markdown(rows, tiny_result, with_numpy):
     print()
     print("Geometric mean of torch/flux:")
     print()
-    print("| op | dtype | shim | all | " + " | ".join(f"N={n} {l}" for n, l in _groups(rows)) + " |")
+    print("| op | dtype | shim | all | " + " | ".join(f"N={n} {layout}" for n, layout in _groups(rows)) + " |")
     print("|---|---|---|---:|" + "---:|" * len(_groups(rows)))
     for op, dt, shim in dict.fromkeys((r["op"], r["dtype"], r["shim"]) for r in rows if "skip" not in r):
         sel = [r for r in rows if "skip" not in r and r["op"] == op and r["dtype"] == dt and r["shim"] == shim]
         cells = []
-        for n, l in _groups(rows):
-            sub = [r["ratio"] for r in sel if r["N"] == n and r["layout"] == l]
+        for n, layout in _groups(rows):
+            sub = [r["ratio"] for r in sel if r["N"] == n and r["layout"] == layout]
             cells.append(f"{geomean(sub):.2f}" if sub else "-")
         print(f"| {op} | {dt} | {shim} | {geomean([r['ratio'] for r in sel]):.2f} | " + " | ".join(cells) + " |")
     if with_own:
         print()
         print("Geometric mean of vs own f32 (flux float32 ms / flux 16-bit ms):")
         print()
-        print("| op | dtype | shim | all | " + " | ".join(f"N={n} {l}" for n, l in _groups(rows)) + " |")
+        print("| op | dtype | shim | all | " + " | ".join(f"N={n} {layout}" for n, layout in _groups(rows)) + " |")
         print("|---|---|---|---:|" + "---:|" * len(_groups(rows)))
         for op, dt, shim in dict.fromkeys(
             (r["op"], r["dtype"], r["shim"]) for r in rows if "skip" not in r and r.get("own_f32")
@@ -527,8 +526,8 @@ def print_markdown(rows, tiny_result, with_numpy):
                 if "skip" not in r and r.get("own_f32") and r["op"] == op and r["dtype"] == dt and r["shim"] == shim
             ]
             cells = []
-            for n, l in _groups(rows):
-                sub = [r["own_f32"] for r in sel if r["N"] == n and r["layout"] == l]
+            for n, layout in _groups(rows):
+                sub = [r["own_f32"] for r in sel if r["N"] == n and r["layout"] == layout]
                 cells.append(f"{geomean(sub):.2f}" if sub else "-")
             print(f"| {op} | {dt} | {shim} | {geomean([r['own_f32'] for r in sel]):.2f} | " + " | ".join(cells) + " |")
     print()
@@ -619,7 +618,7 @@ def main(argv=None) -> int:
         if d not in DTYPES:
             ap.error(f"--dtypes: unknown dtype {d!r}; known: {', '.join(DTYPES)}")
     batches = [int(b) for b in args.batch.split(",") if b]
-    layouts = [l for l in args.layouts.split(",") if l]
+    layouts = [name for name in args.layouts.split(",") if name]
     layers = [L for L in LAYERS if not args.layers or any(f in L.name for f in args.layers.split(","))]
     budget = args.budget if args.budget is not None else (0.4 if args.quick else 2.0)
     min_reps, max_reps = (5, 50) if args.quick else (15, 400)
@@ -706,8 +705,9 @@ def main(argv=None) -> int:
                                 )
                             rows.append(r)
                             print(
-                                f"{op:16s} {dt:9s} {r['shim']:6s} N={n:<3d} {layout} {L.name:24s} flux {t['flux']:9.3f} ms  "
-                                f"torch {t['torch']:9.3f} ms  torch/flux {r['ratio']:6.2f} (of minima {r['ratio_min']:6.2f})"
+                                f"{op:16s} {dt:9s} {r['shim']:6s} N={n:<3d} {layout} {L.name:24s} "
+                                f"flux {t['flux']:9.3f} ms  torch {t['torch']:9.3f} ms  "
+                                f"torch/flux {r['ratio']:6.2f} (of minima {r['ratio_min']:6.2f})"
                                 + (
                                     f"  flux f32 {t['flux_f32']:8.3f} ms vs own f32 {r['own_f32']:4.2f}"
                                     if "flux_f32" in t

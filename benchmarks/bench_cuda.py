@@ -197,7 +197,7 @@ def print_summary(rows, t_us, f_us) -> None:
             )
     print(
         f"host overhead per tiny conv: torch {t_us:.1f} us, flux_dnn {f_us:.1f} us"
-        f"{'  (failed measurements: %d)' % failed if failed else ''}"
+        f"{f'  (failed measurements: {failed})' if failed else ''}"
     )
 
 

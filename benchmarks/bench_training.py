@@ -140,9 +140,8 @@ def main(argv=None) -> list:
         (f"ResNet-18 convs {args.size}x{args.size}", resnet18_like, (3, args.size, args.size), args.resnet_steps, 2),
     ]
     layout = "channels-last" if args.channels_last else "NCHW"
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {layout}; steps/s, median of {args.rounds} rounds"
-    )
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads, {layout}; steps/s, median of {args.rounds} rounds")
     print("| model | dtype | batch | flux_dnn steps/s | torch steps/s | flux/torch |")
     print("|---|---|---|---|---|---|")
     rows = []

@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Which oneDNN-shim layout policy is fastest, layer by layer (an exploration aid, not a test).
 
-Times flux_dnn.conv2d forward (or --op backward_data / backward_weight) with algorithm=0 (caller's layouts), 1 (caller's activations,
-oneDNN-preferred weights) and 2 (oneDNN-preferred layouts with reorders), the heuristic's
-choice, and torch.nn.functional.conv2d, interleaved in one process, and prints the kernel
-each policy gets. A policy that lands on oneDNN's reference kernel ("ref:any") is not timed
+Times flux_dnn.conv2d forward (or --op backward_data / backward_weight) with algorithm=0
+(caller's layouts), 1 (caller's activations, oneDNN-preferred weights) and 2
+(oneDNN-preferred layouts with reorders), the heuristic's choice, and
+torch.nn.functional.conv2d, interleaved in one process, and prints the kernel each policy
+gets. A policy that lands on oneDNN's reference kernel ("ref:any") is not timed
 (it is 100x slower). The kernel names come from flux_dnn.conv_plan(...).algorithm.
 
     OMP_NUM_THREADS=1 python benchmarks/policies.py --batch 1,16 --layouts nchw,nhwc
@@ -13,6 +14,7 @@ each policy gets. A policy that lands on oneDNN's reference kernel ("ref:any") i
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -117,10 +119,11 @@ def main(argv=None):
                     dy = torch.randn(n, L.K, Ho, Ho, generator=gen).to(dtype)
                     if layout == "nhwc":
                         dy = dy.contiguous(memory_format=torch.channels_last)
+                    # bound now, not looked up when called: (id, kernel name) for a policy on this case
                     name_of = (
-                        (lambda a: algo_name(x, w, L, a))
+                        functools.partial(algo_name, x, w, L)
                         if args.op == "forward"
-                        else (lambda a: backward_algo_name(args.op, x, w, dy, L, a))
+                        else functools.partial(backward_algo_name, args.op, x, w, dy, L)
                     )
                     flux_h, fns = calls(args.op, x, w, dy, L, "heuristic")
                     fns = {"torch": fns}
