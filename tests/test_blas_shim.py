@@ -437,8 +437,8 @@ def test_ops(shim, rng, op, dtype, nd, lay):
 @pytest.mark.parametrize("algo_id", [1, 2, 3])
 @pytest.mark.parametrize("lay", ["dense", "cl", "strided"])
 def test_each_lowering_any_layout(shim, rng, op, dtype, algo_id, lay):
-    """Every lowering (1 rows, 2 cols per image, 3 cols over the batch) on every layout, including non-dense strides: the
-    direct and the staged paths."""
+    """Every lowering (1 rows, 2 cols per image, 3 cols over the batch) on every layout,
+    including non-dense strides: the direct and the staged paths."""
     args = conv_case(
         shim,
         rng,

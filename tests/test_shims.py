@@ -187,7 +187,10 @@ def run_python(code, **env):
 
 
 def test_import_loads_no_vendor_library():
-    code = "import flux_dnn, pathlib; maps = pathlib.Path('/proc/self/maps').read_text(); print('dnnl' in maps, 'flux_dnn_onednn' in maps)"
+    code = (
+        "import flux_dnn, pathlib; maps = pathlib.Path('/proc/self/maps').read_text(); "
+        "print('dnnl' in maps, 'flux_dnn_onednn' in maps)"
+    )
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False"]

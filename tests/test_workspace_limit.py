@@ -84,8 +84,8 @@ class Problem:
 
     def __repr__(self):
         return (
-            f"{self.op} {self.dtype} policy {self.policy} x{self.x.shape}/{self.x.strides} w{self.w.shape} groups={self.groups} "
-            f"stride={self.stride} dilation={self.dilation} lo={self.lo} hi={self.hi}"
+            f"{self.op} {self.dtype} policy {self.policy} x{self.x.shape}/{self.x.strides} w{self.w.shape} "
+            f"groups={self.groups} stride={self.stride} dilation={self.dilation} lo={self.lo} hi={self.hi}"
         )
 
     def plan_args(self, limit: int):

@@ -321,7 +321,10 @@ class Registry:
         device = device_name(device_type)
         hint = INSTALL_HINTS.get(device_type, "a flux_dnn shim package for that device")
         if not failures:
-            return f"no flux_dnn shim is installed for {device} arrays (DLPack device type {device_type}); to add one: {hint}"
+            return (
+                f"no flux_dnn shim is installed for {device} arrays (DLPack device type {device_type}); "
+                f"to add one: {hint}"
+            )
         lines = [f"no usable flux_dnn shim for {device} arrays (DLPack device type {device_type}):"]
         for e in failures:
             lines.append(f"  shim {e.name!r}: {e.why_not()}")
