@@ -49,7 +49,6 @@ import sys
 import time
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -113,8 +112,15 @@ def _time_once(fn) -> float:
     return (time.perf_counter_ns() - t0) * 1e-6  # ms
 
 
-def interleaved(fns: dict, budget_s: float, min_reps: int, max_reps: int, warmup: int = 3,
-                own_reps: bool = False, first_ms: dict | None = None) -> dict:
+def interleaved(
+    fns: dict,
+    budget_s: float,
+    min_reps: int,
+    max_reps: int,
+    warmup: int = 3,
+    own_reps: bool = False,
+    first_ms: dict | None = None,
+) -> dict:
     """Median ms of each callable, timed A, B, A, B, ... (the order rotates every round).
 
     own_reps=False: every callable gets the same number of calls (budget / one round).
@@ -154,8 +160,12 @@ def interleaved(fns: dict, budget_s: float, min_reps: int, max_reps: int, warmup
         k = i % len(due) if due else 0
         for n in due[k:] + due[:k]:
             samples[n].append(_time_once(fns[n]))
-    return ({n: statistics.median(v) for n, v in samples.items()} | {f"_min {n}": min(v) for n, v in samples.items()}
-            | {f"_reps {n}": len(v) for n, v in samples.items()} | {"_reps": rounds})
+    return (
+        {n: statistics.median(v) for n, v in samples.items()}
+        | {f"_min {n}": min(v) for n, v in samples.items()}
+        | {f"_reps {n}": len(v) for n, v in samples.items()}
+        | {"_reps": rounds}
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -284,7 +294,7 @@ def tiny(calls: int, blocks: int = 20) -> dict:
     samples = {n: [] for n in fns}
     names = list(fns)
     for i in range(blocks):
-        order = names[i % len(names):] + names[:i % len(names)]
+        order = names[i % len(names) :] + names[: i % len(names)]
         for n in order:
             fn = fns[n]
             t0 = time.perf_counter_ns()
@@ -315,10 +325,13 @@ def cpu_info() -> dict:
                     have = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return dict(model=model, cpus=os.cpu_count(),
-                isa_present=[x for x in ISA_FLAGS if have and x in have],
-                isa_absent=[x for x in ISA_FLAGS if have is not None and x not in have],
-                flags_read=have is not None)
+    return dict(
+        model=model,
+        cpus=os.cpu_count(),
+        isa_present=[x for x in ISA_FLAGS if have and x in have],
+        isa_absent=[x for x in ISA_FLAGS if have is not None and x not in have],
+        flags_read=have is not None,
+    )
 
 
 def cpu_shims() -> list:
@@ -336,9 +349,17 @@ def cpu_shims() -> list:
             device = entry.device_info(0)["name"]
         except Exception:  # noqa: BLE001 -- private API; the rest still prints
             pass
-        out.append(dict(name=s.name, usable=s.usable, vendor=f"{s.vendor} {s.vendor_version_runtime}".strip(),
-                        device=device, dtypes=list(s.dtypes),
-                        dtype_support={d: list(v) for d, v in s.dtype_support.items()}, reason=s.reason))
+        out.append(
+            dict(
+                name=s.name,
+                usable=s.usable,
+                vendor=f"{s.vendor} {s.vendor_version_runtime}".strip(),
+                device=device,
+                dtypes=list(s.dtypes),
+                dtype_support={d: list(v) for d, v in s.dtype_support.items()},
+                reason=s.reason,
+            )
+        )
     return out
 
 
@@ -360,33 +381,43 @@ def serving_shim(dtype: str, shims_list: list) -> str:
 def machine_text() -> str:
     c = cpu_info()
     shims_list = cpu_shims()
-    vendors = "; ".join(f"{s['name']}: {s['vendor']}" + (f" ({s['device']})" if s["device"] else "")
-                        for s in shims_list) or "?"
+    vendors = (
+        "; ".join(f"{s['name']}: {s['vendor']}" + (f" ({s['device']})" if s["device"] else "") for s in shims_list)
+        or "?"
+    )
     import re
 
     found = re.search(r"MKL-DNN v([0-9.]+)", torch.__config__.show())
-    return (f"{c['model']}, {c['cpus']} CPUs, ISA flags: {' '.join(c['isa_present']) or '?'}"
-            f" (absent: {' '.join(c['isa_absent']) or 'none'}); torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads, its own oneDNN {found.group(1) if found else '?'}); "
-            f"flux_dnn {flux_dnn.__version__} shims [{vendors}]; Python {platform.python_version()}; "
-            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
-            f"FLUX_DNN_SHIMS={os.environ.get('FLUX_DNN_SHIMS', 'unset')}, "
-            f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}")
+    return (
+        f"{c['model']}, {c['cpus']} CPUs, ISA flags: {' '.join(c['isa_present']) or '?'}"
+        f" (absent: {' '.join(c['isa_absent']) or 'none'}); torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads, its own oneDNN {found.group(1) if found else '?'}); "
+        f"flux_dnn {flux_dnn.__version__} shims [{vendors}]; Python {platform.python_version()}; "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+        f"FLUX_DNN_SHIMS={os.environ.get('FLUX_DNN_SHIMS', 'unset')}, "
+        f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}"
+    )
 
 
 def print_header(dtypes, shims_list, serving, load) -> None:
     c = cpu_info()
-    print(f"# CPU: {c['model']}, {c['cpus']} logical CPUs, load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    loads = " ".join(f"{v:.2f}" for v in load[:3])
+    print(f"# CPU: {c['model']}, {c['cpus']} logical CPUs, load average at start {loads}")
     if c["flags_read"]:
-        print(f"# ISA flags present: {' '.join(c['isa_present']) or 'none'}; absent: {' '.join(c['isa_absent']) or 'none'}")
+        present, absent = " ".join(c["isa_present"]) or "none", " ".join(c["isa_absent"]) or "none"
+        print(f"# ISA flags present: {present}; absent: {absent}")
     else:
         print("# ISA flags: /proc/cpuinfo not readable")
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; flux_dnn {flux_dnn.__version__}; "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; "
-          f"FLUX_DNN_SHIMS={os.environ.get('FLUX_DNN_SHIMS', 'unset')}")
+    print(
+        f"# torch {torch.__version__}, {torch.get_num_threads()} threads; flux_dnn {flux_dnn.__version__}; "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; "
+        f"FLUX_DNN_SHIMS={os.environ.get('FLUX_DNN_SHIMS', 'unset')}"
+    )
     for s in shims_list:
         state = "usable" if s["usable"] else f"not usable: {s['reason']}"
-        print(f"# shim {s['name']}: {s['vendor']}" + (f", device {s['device']!r}" if s["device"] else "") + f", {state}")
+        print(
+            f"# shim {s['name']}: {s['vendor']}" + (f", device {s['device']!r}" if s["device"] else "") + f", {state}"
+        )
         for d, (how, detail) in s["dtype_support"].items():
             print(f"#   {d:9s} {how}" + (f": {detail}" if detail else ""))
     print("# served by: " + ", ".join(f"{d} -> {serving[d]}" for d in dtypes), flush=True)
@@ -401,24 +432,42 @@ def summaries(rows) -> list:
         sel = [r for r in done if r["dtype"] == dt and r["shim"] == shim]
         ratios = [r["ratio"] for r in sel]
         own = [r["own_f32"] for r in sel if r.get("own_f32")]
-        out.append(dict(dtype=dt, shim=shim, rows=len(sel), geomean=geomean(ratios), min=min(ratios),
-                        below_1=sum(x < 1.0 for x in ratios),
-                        min_row=min(sel, key=lambda r: r["ratio"])["key"],
-                        own_f32_geomean=geomean(own) if own else None, own_f32_min=min(own) if own else None,
-                        own_f32_below_0_7=sum(x < 0.7 for x in own) if own else None,
-                        own_f32_min_row=min((r for r in sel if r.get("own_f32")), key=lambda r: r["own_f32"])["key"]
-                        if own else None))
+        out.append(
+            dict(
+                dtype=dt,
+                shim=shim,
+                rows=len(sel),
+                geomean=geomean(ratios),
+                min=min(ratios),
+                below_1=sum(x < 1.0 for x in ratios),
+                min_row=min(sel, key=lambda r: r["ratio"])["key"],
+                own_f32_geomean=geomean(own) if own else None,
+                own_f32_min=min(own) if own else None,
+                own_f32_below_0_7=sum(x < 0.7 for x in own) if own else None,
+                own_f32_min_row=min((r for r in sel if r.get("own_f32")), key=lambda r: r["own_f32"])["key"]
+                if own
+                else None,
+            )
+        )
     return out
 
 
 def print_summaries(summ) -> None:
-    print("| dtype | shim | rows | torch/flux geomean | min (row) | rows < 1.0 | vs own f32 geomean | min (row) | rows < 0.7 |")
+    print(
+        "| dtype | shim | rows | torch/flux geomean | min (row) | rows < 1.0 "
+        "| vs own f32 geomean | min (row) | rows < 0.7 |"
+    )
     print("|---|---|---:|---:|---|---:|---:|---|---:|")
     for s in summ:
-        own = (f"{s['own_f32_geomean']:.2f} | {s['own_f32_min']:.2f} ({s['own_f32_min_row']}) | {s['own_f32_below_0_7']}"
-               if s["own_f32_geomean"] is not None else "- | - | -")
-        print(f"| {s['dtype']} | {s['shim']} | {s['rows']} | {s['geomean']:.2f} | {s['min']:.2f} ({s['min_row']}) | "
-              f"{s['below_1']} | {own} |")
+        own = (
+            f"{s['own_f32_geomean']:.2f} | {s['own_f32_min']:.2f} ({s['own_f32_min_row']}) | {s['own_f32_below_0_7']}"
+            if s["own_f32_geomean"] is not None
+            else "- | - | -"
+        )
+        print(
+            f"| {s['dtype']} | {s['shim']} | {s['rows']} | {s['geomean']:.2f} | {s['min']:.2f} ({s['min_row']}) | "
+            f"{s['below_1']} | {own} |"
+        )
 
 
 def print_markdown(rows, tiny_result, with_numpy):
@@ -436,40 +485,49 @@ def print_markdown(rows, tiny_result, with_numpy):
     for r in rows:
         if "skip" in r:
             continue
-        line = (f"| {r['op']} | {r['dtype']} | {r['shim']} | {r['N']} | {r['layout']} | {r['layer']} | "
-                f"{r['flux_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}{' **<1**' if r['ratio'] < 1.0 else ''} | "
-                + (f"{r['ratio_min']:.2f} |" if "ratio_min" in r else "- |"))
+        line = (
+            f"| {r['op']} | {r['dtype']} | {r['shim']} | {r['N']} | {r['layout']} | {r['layer']} | "
+            f"{r['flux_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}{' **<1**' if r['ratio'] < 1.0 else ''} | "
+            + (f"{r['ratio_min']:.2f} |" if "ratio_min" in r else "- |")
+        )
         if with_own:
-            line += (f" {r['flux_f32_ms']:.3f} | {r['own_f32']:.2f}{' **<0.7**' if r['own_f32'] < 0.7 else ''} |"
-                     if r.get("own_f32") else " - | - |")
+            line += (
+                f" {r['flux_f32_ms']:.3f} | {r['own_f32']:.2f}{' **<0.7**' if r['own_f32'] < 0.7 else ''} |"
+                if r.get("own_f32")
+                else " - | - |"
+            )
         if with_numpy:
             line += f" {r['flux_numpy_ms']:.3f} |" if r.get("flux_numpy_ms") else " - |"
         print(line)
     print()
     print("Geometric mean of torch/flux:")
     print()
-    print("| op | dtype | shim | all | " + " | ".join(f"N={n} {l}" for n, l in _groups(rows)) + " |")
+    print("| op | dtype | shim | all | " + " | ".join(f"N={n} {layout}" for n, layout in _groups(rows)) + " |")
     print("|---|---|---|---:|" + "---:|" * len(_groups(rows)))
     for op, dt, shim in dict.fromkeys((r["op"], r["dtype"], r["shim"]) for r in rows if "skip" not in r):
         sel = [r for r in rows if "skip" not in r and r["op"] == op and r["dtype"] == dt and r["shim"] == shim]
         cells = []
-        for n, l in _groups(rows):
-            sub = [r["ratio"] for r in sel if r["N"] == n and r["layout"] == l]
+        for n, layout in _groups(rows):
+            sub = [r["ratio"] for r in sel if r["N"] == n and r["layout"] == layout]
             cells.append(f"{geomean(sub):.2f}" if sub else "-")
         print(f"| {op} | {dt} | {shim} | {geomean([r['ratio'] for r in sel]):.2f} | " + " | ".join(cells) + " |")
     if with_own:
         print()
         print("Geometric mean of vs own f32 (flux float32 ms / flux 16-bit ms):")
         print()
-        print("| op | dtype | shim | all | " + " | ".join(f"N={n} {l}" for n, l in _groups(rows)) + " |")
+        print("| op | dtype | shim | all | " + " | ".join(f"N={n} {layout}" for n, layout in _groups(rows)) + " |")
         print("|---|---|---|---:|" + "---:|" * len(_groups(rows)))
-        for op, dt, shim in dict.fromkeys((r["op"], r["dtype"], r["shim"]) for r in rows
-                                          if "skip" not in r and r.get("own_f32")):
-            sel = [r for r in rows if "skip" not in r and r.get("own_f32") and r["op"] == op and r["dtype"] == dt
-                   and r["shim"] == shim]
+        for op, dt, shim in dict.fromkeys(
+            (r["op"], r["dtype"], r["shim"]) for r in rows if "skip" not in r and r.get("own_f32")
+        ):
+            sel = [
+                r
+                for r in rows
+                if "skip" not in r and r.get("own_f32") and r["op"] == op and r["dtype"] == dt and r["shim"] == shim
+            ]
             cells = []
-            for n, l in _groups(rows):
-                sub = [r["own_f32"] for r in sel if r["N"] == n and r["layout"] == l]
+            for n, layout in _groups(rows):
+                sub = [r["own_f32"] for r in sel if r["N"] == n and r["layout"] == layout]
                 cells.append(f"{geomean(sub):.2f}" if sub else "-")
             print(f"| {op} | {dt} | {shim} | {geomean([r['own_f32'] for r in sel]):.2f} | " + " | ".join(cells) + " |")
     print()
@@ -485,8 +543,12 @@ def print_markdown(rows, tiny_result, with_numpy):
         print(f"Tiny conv (x 1x4x8x8, w 4x4x3x3, pad 1), median µs per call over {t['calls']} calls each:")
         print()
         cols = [c for c in ("flux_numpy", "flux_torch", "plan_numpy", "plan_torch") if c in t]
-        names = {"flux_numpy": "conv2d on NumPy", "flux_torch": "conv2d on torch",
-                 "plan_numpy": "conv_plan on NumPy", "plan_torch": "conv_plan on torch"}
+        names = {
+            "flux_numpy": "conv2d on NumPy",
+            "flux_torch": "conv2d on torch",
+            "plan_numpy": "conv_plan on NumPy",
+            "plan_torch": "conv_plan on torch",
+        }
         print("| torch F.conv2d | " + " | ".join(f"flux {names[c]}" for c in cols) + " |")
         print("|---:|" + "---:|" * len(cols))
         print(f"| {t['torch']:.2f} | " + " | ".join(f"{t[c]:.2f} ({t['torch'] / t[c]:.2f}x)" for c in cols) + " |")
@@ -502,23 +564,41 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short run: fewer repetitions, 2000 tiny calls")
     ap.add_argument("--ops", default="forward", help=f"comma list of {','.join(OPS)} (default forward)")
-    ap.add_argument("--dtypes", default="float32", help=f"comma list of {','.join(DTYPES)}; a 16-bit dtype also "
-                    "times flux_dnn in float32 on the same problem (the 'vs own f32' column)")
-    ap.add_argument("--shims", default=None, help="NAME[,NAME]: set FLUX_DNN_SHIMS (before flux_dnn is imported), "
-                    "e.g. 'blas' to force the BLAS shim for every dtype")
+    ap.add_argument(
+        "--dtypes",
+        default="float32",
+        help=f"comma list of {','.join(DTYPES)}; a 16-bit dtype also "
+        "times flux_dnn in float32 on the same problem (the 'vs own f32' column)",
+    )
+    ap.add_argument(
+        "--shims",
+        default=None,
+        help="NAME[,NAME]: set FLUX_DNN_SHIMS (before flux_dnn is imported), "
+        "e.g. 'blas' to force the BLAS shim for every dtype",
+    )
     ap.add_argument("--batch", default="1,16", help="comma list of batch sizes")
     ap.add_argument("--layouts", default="nchw,nhwc", help="comma list of nchw,nhwc (nhwc: x, w, dy channels-last)")
     ap.add_argument("--layers", default="", help="substring filter on layer names (comma list)")
     ap.add_argument("--numpy", action="store_true", help="also time flux_dnn on NumPy views (float32)")
-    ap.add_argument("--algorithm", default="heuristic", help="flux_dnn algorithm: heuristic, benchmark or 0/1/2 (forward only)")
+    ap.add_argument(
+        "--algorithm", default="heuristic", help="flux_dnn algorithm: heuristic, benchmark or 0/1/2 (forward only)"
+    )
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per layer (default 2, --quick 0.4)")
-    ap.add_argument("--min-reps", type=int, default=None, help="fewest timed calls of each callable (default 15, --quick 5)")
-    ap.add_argument("--max-reps", type=int, default=None, help="most timed calls of each callable (default 400, --quick 50)")
-    ap.add_argument("--tiny-calls", type=int, default=None, help="calls for the tiny conv (default 20000, --quick 2000; 0 skips)")
+    ap.add_argument(
+        "--min-reps", type=int, default=None, help="fewest timed calls of each callable (default 15, --quick 5)"
+    )
+    ap.add_argument(
+        "--max-reps", type=int, default=None, help="most timed calls of each callable (default 400, --quick 50)"
+    )
+    ap.add_argument(
+        "--tiny-calls", type=int, default=None, help="calls for the tiny conv (default 20000, --quick 2000; 0 skips)"
+    )
     ap.add_argument("--no-tiny", action="store_true", help="skip the tiny conv")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables at the end")
     ap.add_argument("--json", default=None, help="write raw results to this file")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (oneDNN in flux_dnn follows OMP_NUM_THREADS)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (oneDNN in flux_dnn follows OMP_NUM_THREADS)"
+    )
     args = ap.parse_args(argv)
 
     if args.shims is not None and os.environ.get("FLUX_DNN_SHIMS") != args.shims:
@@ -538,13 +618,15 @@ def main(argv=None) -> int:
         if d not in DTYPES:
             ap.error(f"--dtypes: unknown dtype {d!r}; known: {', '.join(DTYPES)}")
     batches = [int(b) for b in args.batch.split(",") if b]
-    layouts = [l for l in args.layouts.split(",") if l]
+    layouts = [name for name in args.layouts.split(",") if name]
     layers = [L for L in LAYERS if not args.layers or any(f in L.name for f in args.layers.split(","))]
     budget = args.budget if args.budget is not None else (0.4 if args.quick else 2.0)
     min_reps, max_reps = (5, 50) if args.quick else (15, 400)
     min_reps = args.min_reps if args.min_reps is not None else min_reps
     max_reps = max(min_reps, args.max_reps if args.max_reps is not None else max_reps)
-    tiny_calls = 0 if args.no_tiny else (args.tiny_calls if args.tiny_calls is not None else (2000 if args.quick else 20000))
+    tiny_calls = (
+        0 if args.no_tiny else (args.tiny_calls if args.tiny_calls is not None else (2000 if args.quick else 20000))
+    )
     if args.threads:
         torch.set_num_threads(args.threads)
     algorithm = args.algorithm if args.algorithm in ("heuristic", "benchmark") else int(args.algorithm)
@@ -553,7 +635,10 @@ def main(argv=None) -> int:
     load_start = os.getloadavg()
     t_start = time.perf_counter()
     shims_list = cpu_shims()
-    serving = {d: serving_shim(d, shims_list) for d in dict.fromkeys(dtypes + (["float32"] if set(dtypes) & set(SIXTEEN) else []))}
+    serving = {
+        d: serving_shim(d, shims_list)
+        for d in dict.fromkeys(dtypes + (["float32"] if set(dtypes) & set(SIXTEEN) else []))
+    }
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}", flush=True)
     print(f"# {machine_text()}", flush=True)
     print_header(list(serving), shims_list, serving, load_start)
@@ -568,8 +653,15 @@ def main(argv=None) -> int:
                     for layout in layouts:
                         for L in layers:
                             case = make_case(op, L, n, DTYPES[dt], layout, gen, fkw)
-                            base = dict(op=op, dtype=dt, shim=serving[dt], N=n, layout=layout, layer=L.name,
-                                        key=f"{op} N={n} {layout} {L.name}")
+                            base = dict(
+                                op=op,
+                                dtype=dt,
+                                shim=serving[dt],
+                                N=n,
+                                layout=layout,
+                                layer=L.name,
+                                key=f"{op} N={n} {layout} {L.name}",
+                            )
                             if isinstance(case, str):
                                 rows.append(base | {"skip": case})
                                 print(f"{op:16s} {dt:9s} N={n:<3d} {layout} {L.name:24s} skipped: {case}", flush=True)
@@ -581,7 +673,9 @@ def main(argv=None) -> int:
                             try:
                                 err = check(fns, DTYPES[dt], first)
                                 if dt in SIXTEEN:  # flux_dnn in float32 on the same problem, same tensors' shapes
-                                    f32 = make_case(op, L, n, torch.float32, layout, torch.Generator().manual_seed(1), fkw)
+                                    f32 = make_case(
+                                        op, L, n, torch.float32, layout, torch.Generator().manual_seed(1), fkw
+                                    )
                                     fns["flux_f32"] = f32["flux"]
                                     first["flux_f32"] = _time_once(fns["flux_f32"])
                             except Exception as e:  # noqa: BLE001 -- report and go on
@@ -589,29 +683,48 @@ def main(argv=None) -> int:
                                 print(f"{op:16s} {dt:9s} N={n:<3d} {layout} {L.name:24s} error: {e}", flush=True)
                                 continue
                             t = interleaved(fns, budget, min_reps, max_reps, own_reps=True, first_ms=first)
-                            r = base | dict(flux_ms=t["flux"], torch_ms=t["torch"], ratio=t["torch"] / t["flux"],
-                                            ratio_min=t["_min torch"] / t["_min flux"],
-                                            reps=t["_reps"], reps_flux=t["_reps flux"], reps_torch=t["_reps torch"],
-                                            max_rel_diff=err)
+                            r = base | dict(
+                                flux_ms=t["flux"],
+                                torch_ms=t["torch"],
+                                ratio=t["torch"] / t["flux"],
+                                ratio_min=t["_min torch"] / t["_min flux"],
+                                reps=t["_reps"],
+                                reps_flux=t["_reps flux"],
+                                reps_torch=t["_reps torch"],
+                                max_rel_diff=err,
+                            )
                             if "flux_numpy" in t:
                                 r["flux_numpy_ms"] = t["flux_numpy"]
                             if "flux_f32" in t:
-                                r |= dict(flux_f32_ms=t["flux_f32"], own_f32=t["flux_f32"] / t["flux"],
-                                          own_f32_min=t["_min flux_f32"] / t["_min flux"], reps_flux_f32=t["_reps flux_f32"],
-                                          shim_f32=serving["float32"])
+                                r |= dict(
+                                    flux_f32_ms=t["flux_f32"],
+                                    own_f32=t["flux_f32"] / t["flux"],
+                                    own_f32_min=t["_min flux_f32"] / t["_min flux"],
+                                    reps_flux_f32=t["_reps flux_f32"],
+                                    shim_f32=serving["float32"],
+                                )
                             rows.append(r)
-                            print(f"{op:16s} {dt:9s} {r['shim']:6s} N={n:<3d} {layout} {L.name:24s} flux {t['flux']:9.3f} ms  "
-                                  f"torch {t['torch']:9.3f} ms  torch/flux {r['ratio']:6.2f} (of minima {r['ratio_min']:6.2f})"
-                                  + (f"  flux f32 {t['flux_f32']:8.3f} ms vs own f32 {r['own_f32']:4.2f}" if "flux_f32" in t else "")
-                                  + f"  (reps flux {t['_reps flux']} torch {t['_reps torch']}, rel diff {err:.1e})"
-                                  + (f"  flux(numpy) {t['flux_numpy']:.3f} ms" if "flux_numpy" in t else ""),
-                                  flush=True)
+                            print(
+                                f"{op:16s} {dt:9s} {r['shim']:6s} N={n:<3d} {layout} {L.name:24s} "
+                                f"flux {t['flux']:9.3f} ms  torch {t['torch']:9.3f} ms  "
+                                f"torch/flux {r['ratio']:6.2f} (of minima {r['ratio_min']:6.2f})"
+                                + (
+                                    f"  flux f32 {t['flux_f32']:8.3f} ms vs own f32 {r['own_f32']:4.2f}"
+                                    if "flux_f32" in t
+                                    else ""
+                                )
+                                + f"  (reps flux {t['_reps flux']} torch {t['_reps torch']}, rel diff {err:.1e})"
+                                + (f"  flux(numpy) {t['flux_numpy']:.3f} ms" if "flux_numpy" in t else ""),
+                                flush=True,
+                            )
 
     tiny_result = None
     if tiny_calls:
         tiny_result = tiny(tiny_calls)
-        print("tiny conv µs/call: " + "  ".join(f"{k} {v:.2f}" for k, v in tiny_result.items() if k != "calls"),
-              flush=True)
+        print(
+            "tiny conv µs/call: " + "  ".join(f"{k} {v:.2f}" for k, v in tiny_result.items() if k != "calls"),
+            flush=True,
+        )
 
     load_end = os.getloadavg()
     elapsed = time.perf_counter() - t_start
@@ -621,17 +734,35 @@ def main(argv=None) -> int:
     print()
     summ = summaries(rows)
     print_summaries(summ)
-    print(f"\n# load average at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}; "
-          f"(at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}); run took {elapsed:.0f} s", flush=True)
+    print(
+        f"\n# load average at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}; "
+        f"(at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}); run took {elapsed:.0f} s",
+        flush=True,
+    )
     if args.markdown:
         print()
         print_markdown(rows, tiny_result, args.numpy)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(machine=machine_text(), cpu=cpu_info(), torch=torch.__version__,
-                           torch_threads=torch.get_num_threads(), shims=shims_list, served_by=serving,
-                           loadavg_start=load_start, loadavg_end=load_end, elapsed_s=elapsed,
-                           argv=sys.argv, rows=rows, summary=summ, tiny=tiny_result), f, indent=1)
+            json.dump(
+                dict(
+                    machine=machine_text(),
+                    cpu=cpu_info(),
+                    torch=torch.__version__,
+                    torch_threads=torch.get_num_threads(),
+                    shims=shims_list,
+                    served_by=serving,
+                    loadavg_start=load_start,
+                    loadavg_end=load_end,
+                    elapsed_s=elapsed,
+                    argv=sys.argv,
+                    rows=rows,
+                    summary=summ,
+                    tiny=tiny_result,
+                ),
+                f,
+                indent=1,
+            )
     return 0
 
 

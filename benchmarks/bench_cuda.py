@@ -59,12 +59,15 @@ def make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm):
     geo = dict(stride=stride, padding=pad, groups=groups)
     fx = dict(geo, algorithm=algorithm)
     return {
-        "fwd": (lambda: torch.nn.functional.conv2d(x, w, **geo),
-                lambda: flux_dnn.conv2d(x, w, **fx)),
-        "bwd_data": (lambda: torch.nn.grad.conv2d_input(x.shape, w, dy, **geo),
-                     lambda: flux_dnn.conv_backward_data(dy, w, tuple(x.shape), **fx)),
-        "bwd_weight": (lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, **geo),
-                       lambda: flux_dnn.conv_backward_weight(x, dy, tuple(w.shape), **fx)),
+        "fwd": (lambda: torch.nn.functional.conv2d(x, w, **geo), lambda: flux_dnn.conv2d(x, w, **fx)),
+        "bwd_data": (
+            lambda: torch.nn.grad.conv2d_input(x.shape, w, dy, **geo),
+            lambda: flux_dnn.conv_backward_data(dy, w, tuple(x.shape), **fx),
+        ),
+        "bwd_weight": (
+            lambda: torch.nn.grad.conv2d_weight(x, w.shape, dy, **geo),
+            lambda: flux_dnn.conv_backward_weight(x, dy, tuple(w.shape), **fx),
+        ),
     }
 
 
@@ -73,8 +76,10 @@ def host_overhead_us(torch, flux_dnn, calls: int) -> tuple:
     x = torch.randn(1, 4, 8, 8, device="cuda")
     w = torch.randn(4, 4, 3, 3, device="cuda")
     result = {}
-    for name, fn in (("torch", lambda: torch.nn.functional.conv2d(x, w, padding=1)),
-                     ("flux_dnn", lambda: flux_dnn.conv2d(x, w, padding=1))):
+    for name, fn in (
+        ("torch", lambda: torch.nn.functional.conv2d(x, w, padding=1)),
+        ("flux_dnn", lambda: flux_dnn.conv2d(x, w, padding=1)),
+    ):
         for _ in range(50):
             fn()
         torch.cuda.synchronize()
@@ -94,12 +99,19 @@ def geomean(values):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--heuristic", action="store_true",
-                        help="cudnn.benchmark=False and algorithm='heuristic' (default: benchmark on both)")
+    parser.add_argument(
+        "--heuristic",
+        action="store_true",
+        help="cudnn.benchmark=False and algorithm='heuristic' (default: benchmark on both)",
+    )
     parser.add_argument("--dtypes", default="float16,bfloat16,float32")
     parser.add_argument("--json", help="write every measurement here")
-    parser.add_argument("--budget-s", type=float, default=float("inf"),
-                        help="start no new layer after this many seconds (the summary still prints)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=float("inf"),
+        help="start no new layer after this many seconds (the summary still prints)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -113,9 +125,11 @@ def main(argv=None) -> int:
     algorithm = "heuristic" if args.heuristic else "benchmark"
     warmup, reps = (2, 5) if args.quick else (3, 15)
     rows = []
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} (cuDNN "
-          f"{torch.backends.cudnn.version()}), flux_dnn {flux_dnn.__version__}, N={BATCH}, "
-          f"{'heuristic' if args.heuristic else 'benchmark'} mode on both")
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__} (cuDNN "
+        f"{torch.backends.cudnn.version()}), flux_dnn {flux_dnn.__version__}, N={BATCH}, "
+        f"{'heuristic' if args.heuristic else 'benchmark'} mode on both"
+    )
     print(f"{'layer':24} {'dtype':9} {'layout':6} {'op':10} {'torch ms':>9} {'flux ms':>9} {'ratio':>6}")
     started = time.perf_counter()
     for dtype_name in args.dtypes.split(","):
@@ -123,8 +137,7 @@ def main(argv=None) -> int:
         for channels_last in (False, True):
             for layer in LAYERS:
                 if time.perf_counter() - started > args.budget_s:
-                    print(f"time budget spent: skipping {layer[0]} {dtype_name} "
-                          f"{'NHWC' if channels_last else 'NCHW'}")
+                    print(f"time budget spent: skipping {layer[0]} {dtype_name} {'NHWC' if channels_last else 'NCHW'}")
                     continue
                 calls = make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm)
                 for op in OPS:
@@ -133,16 +146,30 @@ def main(argv=None) -> int:
                         t_ms = cuda_time_ms(torch_fn, torch, warmup, reps)
                         f_ms = cuda_time_ms(flux_fn, torch, warmup, reps)
                     except Exception as exc:  # report and go on: one failure must not hide the rest
-                        print(f"{layer[0]:24} {dtype_name:9} {'NHWC' if channels_last else 'NCHW':6} "
-                              f"{op:10} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
-                        rows.append(dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last,
-                                         op=op, error=str(exc)))
+                        print(
+                            f"{layer[0]:24} {dtype_name:9} {'NHWC' if channels_last else 'NCHW':6} "
+                            f"{op:10} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                        )
+                        rows.append(
+                            dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last, op=op, error=str(exc))
+                        )
                         continue
                     ratio = t_ms / f_ms
-                    rows.append(dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last,
-                                     op=op, torch_ms=t_ms, flux_ms=f_ms, ratio=ratio))
-                    print(f"{layer[0]:24} {dtype_name:9} {'NHWC' if channels_last else 'NCHW':6} "
-                          f"{op:10} {t_ms:9.3f} {f_ms:9.3f} {ratio:6.2f}")
+                    rows.append(
+                        dict(
+                            layer=layer[0],
+                            dtype=dtype_name,
+                            channels_last=channels_last,
+                            op=op,
+                            torch_ms=t_ms,
+                            flux_ms=f_ms,
+                            ratio=ratio,
+                        )
+                    )
+                    print(
+                        f"{layer[0]:24} {dtype_name:9} {'NHWC' if channels_last else 'NCHW':6} "
+                        f"{op:10} {t_ms:9.3f} {f_ms:9.3f} {ratio:6.2f}"
+                    )
                 del calls
                 torch.cuda.empty_cache()
     t_us, f_us = host_overhead_us(torch, flux_dnn, 2000 if args.quick else 10000)
@@ -165,10 +192,13 @@ def print_summary(rows, t_us, f_us) -> None:
     for name, rs in groups:
         if rs:
             ratios = [r["ratio"] for r in rs]
-            print(f"{name:22} {len(rs):3d} {geomean(ratios):8.3f} {min(ratios):6.2f} "
-                  f"{sum(v < 0.95 for v in ratios):10d}")
-    print(f"host overhead per tiny conv: torch {t_us:.1f} us, flux_dnn {f_us:.1f} us"
-          f"{'  (failed measurements: %d)' % failed if failed else ''}")
+            print(
+                f"{name:22} {len(rs):3d} {geomean(ratios):8.3f} {min(ratios):6.2f} {sum(v < 0.95 for v in ratios):10d}"
+            )
+    print(
+        f"host overhead per tiny conv: torch {t_us:.1f} us, flux_dnn {f_us:.1f} us"
+        f"{f'  (failed measurements: {failed})' if failed else ''}"
+    )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,14 @@ import flux_dnn.torch as ft
 
 def digits_cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 2 * 2, 10),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 2 * 2, 10),
     )
 
 
@@ -70,6 +75,7 @@ def make_step(model: nn.Module, x, y, bf16: bool):
             loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -80,8 +86,17 @@ def time_steps(step, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-def bench(name: str, build, in_shape, batch: int, bf16: bool, rounds: int, steps: int, warmup: int,
-          channels_last: bool = False) -> dict:
+def bench(
+    name: str,
+    build,
+    in_shape,
+    batch: int,
+    bf16: bool,
+    rounds: int,
+    steps: int,
+    warmup: int,
+    channels_last: bool = False,
+) -> dict:
     torch.manual_seed(0)
     ref = build()
     x = torch.randn(batch, *in_shape)
@@ -99,8 +114,14 @@ def bench(name: str, build, in_shape, batch: int, bf16: bool, rounds: int, steps
         for k in order:
             times[k].append(time_steps(steps_fn[k], steps))
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"model": name, "dtype": "bf16 autocast" if bf16 else "fp32", "batch": batch,
-            "flux": 1 / med["flux"], "torch": 1 / med["torch"], "ratio": med["torch"] / med["flux"]}
+    return {
+        "model": name,
+        "dtype": "bf16 autocast" if bf16 else "fp32",
+        "batch": batch,
+        "flux": 1 / med["flux"],
+        "torch": 1 / med["torch"],
+        "ratio": med["torch"] / med["flux"],
+    }
 
 
 def main(argv=None) -> list:
@@ -114,20 +135,25 @@ def main(argv=None) -> list:
     p.add_argument("--channels-last", action="store_true", help="models and inputs in channels-last")
     args = p.parse_args(argv)
 
-    configs = [("digits CNN 8x8", digits_cnn, (1, 8, 8), args.digits_steps, 10),
-               (f"ResNet-18 convs {args.size}x{args.size}", resnet18_like, (3, args.size, args.size),
-                args.resnet_steps, 2)]
+    configs = [
+        ("digits CNN 8x8", digits_cnn, (1, 8, 8), args.digits_steps, 10),
+        (f"ResNet-18 convs {args.size}x{args.size}", resnet18_like, (3, args.size, args.size), args.resnet_steps, 2),
+    ]
     layout = "channels-last" if args.channels_last else "NCHW"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {layout}; steps/s, median of {args.rounds} rounds")
-    print(f"| model | dtype | batch | flux_dnn steps/s | torch steps/s | flux/torch |")
-    print(f"|---|---|---|---|---|---|")
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads, {layout}; steps/s, median of {args.rounds} rounds")
+    print("| model | dtype | batch | flux_dnn steps/s | torch steps/s | flux/torch |")
+    print("|---|---|---|---|---|---|")
     rows = []
     for name, build, shape, steps, warmup in configs:
         for dt in args.dtypes.split(","):
             r = bench(name, build, shape, args.batch, dt == "bf16", args.rounds, steps, warmup, args.channels_last)
             rows.append(r)
-            print(f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['flux']:.2f} | {r['torch']:.2f} | "
-                  f"{r['ratio']:.2f}x |", flush=True)
+            print(
+                f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['flux']:.2f} | {r['torch']:.2f} | "
+                f"{r['ratio']:.2f}x |",
+                flush=True,
+            )
     return rows
 
 

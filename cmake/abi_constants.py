@@ -78,7 +78,7 @@ def generate(header_text: str) -> str:
         "  pybind11::dict constants;",
     ]
     for name in integers:
-        short = name[len("FDNN_"):]
+        short = name[len("FDNN_") :]
         out.append(f'  m.attr("{short}") = static_cast<long long>({name});')
         out.append(f'  constants["{name}"] = static_cast<long long>({name});')
     for name in string_macros:

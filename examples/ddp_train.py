@@ -46,7 +46,7 @@ def train(rank: int, world: int, args) -> nn.Module:
     loss_fn = nn.CrossEntropyLoss()
     share = args.batch_size // world
     for step, idx in enumerate(global_batches(len(x), args.batch_size, args.steps, args.seed)):
-        mine = idx[rank * share:(rank + 1) * share]
+        mine = idx[rank * share : (rank + 1) * share]
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(net(x[mine]), y[mine])
         loss.backward()  # DDP all-reduces (averages) the gradients across processes here

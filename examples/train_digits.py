@@ -28,8 +28,9 @@ def load_digits_split(seed: int = 0, test_fraction: float = 0.2):
 
     digits = load_digits()
     x = (digits.images / 16.0).astype(np.float32)[:, None]
-    x_tr, x_te, y_tr, y_te = train_test_split(x, digits.target, test_size=test_fraction, random_state=seed,
-                                              stratify=digits.target)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, digits.target, test_size=test_fraction, random_state=seed, stratify=digits.target
+    )
     as_t = torch.from_numpy
     return as_t(x_tr), as_t(y_tr).long(), as_t(x_te), as_t(y_te).long()
 
@@ -38,9 +39,14 @@ def make_model(use_flux: bool = True, seed: int = 0) -> nn.Module:
     """conv(1->16) ReLU pool, conv(16->32) ReLU pool, linear head: 8x8 -> 4x4 -> 2x2 -> 10."""
     torch.manual_seed(seed)
     model = nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 2 * 2, 10),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 2 * 2, 10),
     )
     return ft.convert(model) if use_flux else model
 
@@ -48,7 +54,7 @@ def make_model(use_flux: bool = True, seed: int = 0) -> nn.Module:
 def batches(n: int, batch_size: int, epoch: int, seed: int):
     """The same shuffled order for a given (seed, epoch) in every process."""
     order = np.random.default_rng([seed, epoch]).permutation(n)
-    return [torch.from_numpy(order[i:i + batch_size]) for i in range(0, n, batch_size)]
+    return [torch.from_numpy(order[i : i + batch_size]) for i in range(0, n, batch_size)]
 
 
 def accuracy(model: nn.Module, x, y) -> float:

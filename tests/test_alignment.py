@@ -3,9 +3,9 @@ choose kernels that assume it, so an offset view must not reuse a plan made for 
 array. Checked on the CPU shim, where the cache is the same."""
 
 import numpy as np
-import reference as ref
 
 import flux_dnn
+import reference as ref
 
 
 def test_offset_view_gets_its_own_plan(rng):

@@ -45,6 +45,7 @@ def shim():
         pytest.skip(f"the OpenBLAS shim library is not built/installed (looked for {path}; set FLUX_DNN_BLAS_SHIM)")
     try:  # as flux_dnn._blas does: OpenBLAS by path from its wheel
         import scipy_openblas32
+
         C.CDLL(str(pathlib.Path(scipy_openblas32.get_lib_dir()) / "libscipy_openblas.so"), mode=C.RTLD_GLOBAL)
     except (ImportError, OSError):
         pass
@@ -105,20 +106,61 @@ def descriptor(a, dtype, keep):
     strides = (C.c_int64 * a.ndim)(*[s // a.itemsize for s in a.strides])
     keep += [shape, strides]
     code, bits = DTYPE_CODES[dtype]
-    return F.DLTensor(data=a.ctypes.data, device=F.DLDevice(ABI.DEVICE_CPU, 0), ndim=a.ndim,
-                      dtype=F.DLDataType(code, bits, 1), shape=shape, strides=strides, byte_offset=0)
+    return F.DLTensor(
+        data=a.ctypes.data,
+        device=F.DLDevice(ABI.DEVICE_CPU, 0),
+        ndim=a.ndim,
+        dtype=F.DLDataType(code, bits, 1),
+        shape=shape,
+        strides=strides,
+        byte_offset=0,
+    )
 
 
-def plan_args(op, x, w, y, bias, dtype, *, stride, dilation, lo, hi, groups, alpha=1.0, beta=0.0,
-              act=ABI.ACTIVATION_NONE, act_a=0.0, act_b=0.0, limit=None, policy=ABI.ALGO_HEURISTIC, algo_id=0):
+def plan_args(
+    op,
+    x,
+    w,
+    y,
+    bias,
+    dtype,
+    *,
+    stride,
+    dilation,
+    lo,
+    hi,
+    groups,
+    alpha=1.0,
+    beta=0.0,
+    act=ABI.ACTIVATION_NONE,
+    act_a=0.0,
+    act_b=0.0,
+    limit=None,
+    policy=ABI.ALGO_HEURISTIC,
+    algo_id=0,
+):
     keep = []
     tx, tw, ty, tb = (descriptor(a, dtype, keep) for a in (x, w, y, bias))
     keep += [tx, tw, ty, tb]
     nd = x.ndim - 2
-    args = F.new(F.ConvPlanCreateArgs, op=op, spatial_rank=nd, x=C.pointer(tx), w=C.pointer(tw), y=C.pointer(ty),
-                 bias=C.pointer(tb), groups=groups, alpha=alpha, beta=beta, activation=act, activation_alpha=act_a,
-                 activation_beta=act_b, algo_policy=policy, algo_id=algo_id,
-                 workspace_limit=C.c_size_t(-1).value if limit is None else limit)
+    args = F.new(
+        F.ConvPlanCreateArgs,
+        op=op,
+        spatial_rank=nd,
+        x=C.pointer(tx),
+        w=C.pointer(tw),
+        y=C.pointer(ty),
+        bias=C.pointer(tb),
+        groups=groups,
+        alpha=alpha,
+        beta=beta,
+        activation=act,
+        activation_alpha=act_a,
+        activation_beta=act_b,
+        algo_policy=policy,
+        algo_id=algo_id,
+        workspace_limit=C.c_size_t(-1).value if limit is None else limit,
+    )
     for i in range(nd):
         args.stride[i], args.dilation[i], args.padding_lo[i], args.padding_hi[i] = stride[i], dilation[i], lo[i], hi[i]
     args._keep = keep
@@ -138,8 +180,16 @@ def destroy(shim, plan):
 def execute(shim, plan, size, x, w, y, bias):
     raw, ws = workspace(size)
     ptr = lambda a: None if a is None else a.ctypes.data
-    e = F.new(F.ConvPlanExecuteArgs, plan=plan, x=ptr(x), w=ptr(w), y=ptr(y), bias=ptr(bias),
-              workspace=ws if size else None, workspace_size=size)
+    e = F.new(
+        F.ConvPlanExecuteArgs,
+        plan=plan,
+        x=ptr(x),
+        w=ptr(w),
+        y=ptr(y),
+        bias=ptr(bias),
+        workspace=ws if size else None,
+        workspace_size=size,
+    )
     return shim.call("Conv_Plan_Execute", e)
 
 
@@ -161,8 +211,13 @@ def run(shim, op, x, w, y, bias, dtype, **kw):
 
 
 def geometry(nd, *, k=3, stride=None, dilation=None, lo=None, hi=None):
-    return dict(stride=stride or (1,) * nd, dilation=dilation or (1,) * nd, lo=lo or (0,) * nd,
-                hi=hi or (0,) * nd, ks=(k,) * nd if isinstance(k, int) else k)
+    return dict(
+        stride=stride or (1,) * nd,
+        dilation=dilation or (1,) * nd,
+        lo=lo or (0,) * nd,
+        hi=hi or (0,) * nd,
+        ks=(k,) * nd if isinstance(k, int) else k,
+    )
 
 
 def activation_ref(v, name, a, b):
@@ -174,7 +229,7 @@ def activation_ref(v, name, a, b):
         "clip": lambda: np.minimum(np.maximum(v, a), b),
         "sigmoid": lambda: 1 / (1 + np.exp(-v)),
         "tanh": lambda: np.tanh(v),
-        "gelu_tanh": lambda: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))),
+        "gelu_tanh": lambda: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))),
         "gelu_erf": lambda: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
         "silu": lambda: v / (1 + np.exp(-v)),
     }[name]()
@@ -190,13 +245,37 @@ def check_close(out, expected, dtype, what=""):
     assert not bad.any(), f"{what}: max error {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}"
 
 
-def conv_case(shim, rng, op, dtype, nd, *, N=2, C=4, K=6, size=7, groups=2, g=None, x_layout="dense",
-              y_layout="dense", w_layout="dense", bias=False, alpha=1.0, beta=0.0, act=None, act_a=0.0,
-              act_b=0.0, limit=None, policy=ABI.ALGO_HEURISTIC, algo_id=0):
+def conv_case(
+    shim,
+    rng,
+    op,
+    dtype,
+    nd,
+    *,
+    N=2,
+    C=4,
+    K=6,
+    size=7,
+    groups=2,
+    g=None,
+    x_layout="dense",
+    y_layout="dense",
+    w_layout="dense",
+    bias=False,
+    alpha=1.0,
+    beta=0.0,
+    act=None,
+    act_a=0.0,
+    act_b=0.0,
+    limit=None,
+    policy=ABI.ALGO_HEURISTIC,
+    algo_id=0,
+):
     g = g or geometry(nd)
     sp = (size,) * nd if isinstance(size, int) else size
-    osp = tuple(ref.out_size(sp[i], g["ks"][i], g["stride"][i], g["dilation"][i], g["lo"][i], g["hi"][i])
-                for i in range(nd))
+    osp = tuple(
+        ref.out_size(sp[i], g["ks"][i], g["stride"][i], g["dilation"][i], g["lo"][i], g["hi"][i]) for i in range(nd)
+    )
     xv = random_input(rng, (N, C, *sp), dtype)
     wv = random_input(rng, (K, C // groups, *g["ks"]), dtype)
     yv = random_input(rng, (N, K, *osp), dtype)
@@ -218,7 +297,11 @@ def conv_case(shim, rng, op, dtype, nd, *, N=2, C=4, K=6, size=7, groups=2, g=No
             old_b = values(b, dtype).copy()
         else:
             b[...] = store_as(np.full(b.shape, np.nan), dtype)
-    xq, wq, yq = values(store_as(xv, dtype), dtype), values(store_as(wv, dtype), dtype), values(store_as(yv, dtype), dtype)
+    xq, wq, yq = (
+        values(store_as(xv, dtype), dtype),
+        values(store_as(wv, dtype), dtype),
+        values(store_as(yv, dtype), dtype),
+    )
     bq = values(store_as(bv, dtype), dtype) if bias else None
     kw = dict(stride=g["stride"], lo=g["lo"], hi=g["hi"], dilation=g["dilation"], groups=groups)
     if op == FORWARD:
@@ -229,9 +312,28 @@ def conv_case(shim, rng, op, dtype, nd, *, N=2, C=4, K=6, size=7, groups=2, g=No
         expected = alpha * ref.conv_backward_weight(xq, yq, wq.shape, **kw)
     if old is not None:
         expected = expected + beta * old
-    error, args = run(shim, op, x, w, y, b, dtype, stride=geo["stride"], dilation=geo["dilation"], lo=geo["lo"],
-                      hi=geo["hi"], groups=groups, alpha=alpha, beta=beta, act=ACTIVATIONS.get(act, ABI.ACTIVATION_NONE),
-                      act_a=act_a, act_b=act_b, limit=limit, policy=policy, algo_id=algo_id)
+    error, args = run(
+        shim,
+        op,
+        x,
+        w,
+        y,
+        b,
+        dtype,
+        stride=geo["stride"],
+        dilation=geo["dilation"],
+        lo=geo["lo"],
+        hi=geo["hi"],
+        groups=groups,
+        alpha=alpha,
+        beta=beta,
+        act=ACTIVATIONS.get(act, ABI.ACTIVATION_NONE),
+        act_a=act_a,
+        act_b=act_b,
+        limit=limit,
+        policy=policy,
+        algo_id=algo_id,
+    )
     assert error is None, error
     check_close(out, expected, dtype, f"{out_name} ({args.name})")
     if bias and op == BACKWARD_WEIGHT:
@@ -266,13 +368,25 @@ EVERY_FEATURE = sum(ABI.group("FEATURE_").values()) & ~ABI.FEATURE_REDUCED_PRECI
 
 
 @pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
-@pytest.mark.parametrize("dtype,support,detail", [
-    ((ABI.DTYPE_FLOAT, 64), ABI.SUPPORT_NATIVE, b"float64 GEMM (dgemm)"),
-    ((ABI.DTYPE_FLOAT, 32), ABI.SUPPORT_NATIVE, b"float32 GEMM (sgemm)"),
-    ((ABI.DTYPE_FLOAT, 16), ABI.SUPPORT_CONVERTED, b"float32 GEMM, one rounding"),
-    ((ABI.DTYPE_BFLOAT, 16), ABI.SUPPORT_CONVERTED, b"float32 GEMM, one rounding"),
-    ((ABI.DTYPE_INT, 32), ABI.SUPPORT_NONE, b"OpenBLAS convolutions take float64, float32, float16 and bfloat16 only"),
-    ((ABI.DTYPE_FLOAT, 8), ABI.SUPPORT_NONE, b"OpenBLAS convolutions take float64, float32, float16 and bfloat16 only")])
+@pytest.mark.parametrize(
+    "dtype,support,detail",
+    [
+        ((ABI.DTYPE_FLOAT, 64), ABI.SUPPORT_NATIVE, b"float64 GEMM (dgemm)"),
+        ((ABI.DTYPE_FLOAT, 32), ABI.SUPPORT_NATIVE, b"float32 GEMM (sgemm)"),
+        ((ABI.DTYPE_FLOAT, 16), ABI.SUPPORT_CONVERTED, b"float32 GEMM, one rounding"),
+        ((ABI.DTYPE_BFLOAT, 16), ABI.SUPPORT_CONVERTED, b"float32 GEMM, one rounding"),
+        (
+            (ABI.DTYPE_INT, 32),
+            ABI.SUPPORT_NONE,
+            b"OpenBLAS convolutions take float64, float32, float16 and bfloat16 only",
+        ),
+        (
+            (ABI.DTYPE_FLOAT, 8),
+            ABI.SUPPORT_NONE,
+            b"OpenBLAS convolutions take float64, float32, float16 and bfloat16 only",
+        ),
+    ],
+)
 def test_capabilities(shim, op, dtype, support, detail):
     a = shim.capabilities(op, dtype)
     assert not isinstance(a, tuple), a
@@ -303,8 +417,19 @@ SIZES = {1: 9, 2: (6, 7), 3: (4, 5, 4)}
 @pytest.mark.parametrize("nd", [1, 2, 3])
 @pytest.mark.parametrize("lay", ["dense", "cl"])
 def test_ops(shim, rng, op, dtype, nd, lay):
-    conv_case(shim, rng, op, dtype, nd, size=SIZES[nd], g=GEOMETRIES[nd], x_layout=lay, y_layout=lay,
-              w_layout=lay, bias=op != BACKWARD_DATA)
+    conv_case(
+        shim,
+        rng,
+        op,
+        dtype,
+        nd,
+        size=SIZES[nd],
+        g=GEOMETRIES[nd],
+        x_layout=lay,
+        y_layout=lay,
+        w_layout=lay,
+        bias=op != BACKWARD_DATA,
+    )
 
 
 @pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
@@ -312,10 +437,23 @@ def test_ops(shim, rng, op, dtype, nd, lay):
 @pytest.mark.parametrize("algo_id", [1, 2, 3])
 @pytest.mark.parametrize("lay", ["dense", "cl", "strided"])
 def test_each_lowering_any_layout(shim, rng, op, dtype, algo_id, lay):
-    """Every lowering (1 rows, 2 cols per image, 3 cols over the batch) on every layout, including non-dense strides: the
-    direct and the staged paths."""
-    args = conv_case(shim, rng, op, dtype, 2, size=(6, 5), g=GEOMETRIES[2], x_layout=lay, y_layout=lay,
-                     w_layout=lay, policy=ABI.ALGO_GIVEN, algo_id=algo_id, bias=op == BACKWARD_WEIGHT)
+    """Every lowering (1 rows, 2 cols per image, 3 cols over the batch) on every layout,
+    including non-dense strides: the direct and the staged paths."""
+    args = conv_case(
+        shim,
+        rng,
+        op,
+        dtype,
+        2,
+        size=(6, 5),
+        g=GEOMETRIES[2],
+        x_layout=lay,
+        y_layout=lay,
+        w_layout=lay,
+        policy=ABI.ALGO_GIVEN,
+        algo_id=algo_id,
+        bias=op == BACKWARD_WEIGHT,
+    )
     assert args.chosen_algo_id == algo_id
 
 
@@ -325,16 +463,45 @@ def test_each_lowering_any_layout(shim, rng, op, dtype, algo_id, lay):
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_pointwise(shim, rng, op, dtype, lay, beta):
     """1x1, stride 1, unpadded: a plain GEMM on the caller's arrays where the layout allows."""
-    conv_case(shim, rng, op, dtype, 2, N=3, C=8, K=6, size=(5, 4), groups=2, g=geometry(2, k=1),
-              x_layout=lay, y_layout=lay, alpha=0.5, beta=beta, bias=op != BACKWARD_DATA)
+    conv_case(
+        shim,
+        rng,
+        op,
+        dtype,
+        2,
+        N=3,
+        C=8,
+        K=6,
+        size=(5, 4),
+        groups=2,
+        g=geometry(2, k=1),
+        x_layout=lay,
+        y_layout=lay,
+        alpha=0.5,
+        beta=beta,
+        bias=op != BACKWARD_DATA,
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 @pytest.mark.parametrize("lay", ["dense", "cl"])
 @pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
 def test_depthwise(shim, rng, dtype, lay, op):
-    conv_case(shim, rng, op, dtype, 2, N=2, C=6, K=12, size=6, groups=6,
-              g=geometry(2, k=3, stride=(2, 2), lo=(1, 1), hi=(1, 0)), x_layout=lay, y_layout=lay)
+    conv_case(
+        shim,
+        rng,
+        op,
+        dtype,
+        2,
+        N=2,
+        C=6,
+        K=12,
+        size=6,
+        groups=6,
+        g=geometry(2, k=3, stride=(2, 2), lo=(1, 1), hi=(1, 0)),
+        x_layout=lay,
+        y_layout=lay,
+    )
 
 
 DW_GEOMETRIES = {
@@ -353,12 +520,48 @@ def test_direct_depthwise(shim, rng, op, dtype, lay, mult, geo):
     """C/groups == 1: the direct loops (algo 4, the heuristic's choice), alpha/beta, bias (+ activation)."""
     beta = 0.5 if geo == "s1" else 0.0
     act = "leaky_relu" if op == FORWARD and geo != "s1" else None
-    args = conv_case(shim, rng, op, dtype, 2, N=2, C=5, K=5 * mult, size=(7, 6), groups=5, g=DW_GEOMETRIES[geo],
-                     x_layout=lay, y_layout=lay, w_layout=lay, alpha=1.5, beta=beta, bias=op != BACKWARD_DATA,
-                     act=act, act_a=0.25)
+    args = conv_case(
+        shim,
+        rng,
+        op,
+        dtype,
+        2,
+        N=2,
+        C=5,
+        K=5 * mult,
+        size=(7, 6),
+        groups=5,
+        g=DW_GEOMETRIES[geo],
+        x_layout=lay,
+        y_layout=lay,
+        w_layout=lay,
+        alpha=1.5,
+        beta=beta,
+        bias=op != BACKWARD_DATA,
+        act=act,
+        act_a=0.25,
+    )
     assert args.chosen_algo_id == 4
-    args = conv_case(shim, rng, op, dtype, 2, N=1, C=4, K=4 * mult, size=(5, 300), groups=4, g=DW_GEOMETRIES[geo],
-                     x_layout=lay, y_layout=lay, policy=ABI.ALGO_GIVEN, algo_id=4, bias=op != BACKWARD_DATA, alpha=0.75, beta=beta)
+    args = conv_case(
+        shim,
+        rng,
+        op,
+        dtype,
+        2,
+        N=1,
+        C=4,
+        K=4 * mult,
+        size=(5, 300),
+        groups=4,
+        g=DW_GEOMETRIES[geo],
+        x_layout=lay,
+        y_layout=lay,
+        policy=ABI.ALGO_GIVEN,
+        algo_id=4,
+        bias=op != BACKWARD_DATA,
+        alpha=0.75,
+        beta=beta,
+    )
     assert args.chosen_algo_id == 4
 
 
@@ -367,8 +570,25 @@ def test_direct_depthwise(shim, rng, op, dtype, lay, mult, geo):
 @pytest.mark.parametrize("lay", ["dense", "cl"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_direct_depthwise_ranks(shim, rng, op, nd, lay, dtype):
-    conv_case(shim, rng, op, dtype, nd, N=2, C=3, K=6, size=SIZES[nd], groups=3, g=GEOMETRIES[nd], x_layout=lay,
-              y_layout=lay, w_layout=lay, bias=op != BACKWARD_DATA, alpha=2.0, beta=1.0)
+    conv_case(
+        shim,
+        rng,
+        op,
+        dtype,
+        nd,
+        N=2,
+        C=3,
+        K=6,
+        size=SIZES[nd],
+        groups=3,
+        g=GEOMETRIES[nd],
+        x_layout=lay,
+        y_layout=lay,
+        w_layout=lay,
+        bias=op != BACKWARD_DATA,
+        alpha=2.0,
+        beta=1.0,
+    )
 
 
 @pytest.mark.parametrize("act", sorted(ACTIVATIONS))
@@ -376,16 +596,41 @@ def test_direct_depthwise_ranks(shim, rng, op, nd, lay, dtype):
 @pytest.mark.parametrize("lay", ["dense", "cl"])
 def test_bias_and_activation(shim, rng, act, dtype, lay):
     act_a, act_b = {"leaky_relu": (0.1, 0.0), "clip": (-0.5, 0.75)}.get(act, (0.0, 0.0))
-    conv_case(shim, rng, FORWARD, dtype, 2, size=6, g=geometry(2, lo=(1, 1), hi=(1, 1)), x_layout=lay,
-              y_layout=lay, bias=True, alpha=0.75, act=act, act_a=act_a, act_b=act_b)
+    conv_case(
+        shim,
+        rng,
+        FORWARD,
+        dtype,
+        2,
+        size=6,
+        g=geometry(2, lo=(1, 1), hi=(1, 1)),
+        x_layout=lay,
+        y_layout=lay,
+        bias=True,
+        alpha=0.75,
+        act=act,
+        act_a=act_a,
+        act_b=act_b,
+    )
 
 
 @pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("alpha,beta", [(0.5, 1.0), (2.0, 0.0), (1.0, -0.5)])
 def test_alpha_beta(shim, rng, op, dtype, alpha, beta):
-    conv_case(shim, rng, op, dtype, 2, size=5, g=geometry(2, lo=(1, 1), hi=(1, 1)), alpha=alpha, beta=beta,
-              bias=op != BACKWARD_DATA, act="relu" if op == FORWARD and beta else None)
+    conv_case(
+        shim,
+        rng,
+        op,
+        dtype,
+        2,
+        size=5,
+        g=geometry(2, lo=(1, 1), hi=(1, 1)),
+        alpha=alpha,
+        beta=beta,
+        bias=op != BACKWARD_DATA,
+        act="relu" if op == FORWARD and beta else None,
+    )
 
 
 @pytest.mark.parametrize("op", [FORWARD, BACKWARD_DATA, BACKWARD_WEIGHT], ids=["fwd", "bwd_data", "bwd_weight"])
@@ -404,8 +649,7 @@ def test_workspace_limit(shim, rng, op, dtype, lay):
     x = np.zeros((2, 4, 8, 8), STORAGE[dtype])
     w = np.zeros((6, 2, 3, 3), STORAGE[dtype])
     y = np.zeros((2, 6, 8, 8), STORAGE[dtype])
-    args = plan_args(op, x, w, y, None, dtype, stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1), groups=2,
-                     limit=16)
+    args = plan_args(op, x, w, y, None, dtype, stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1), groups=2, limit=16)
     error = shim.call("Conv_Plan_Create", args)
     assert error is not None and error[0] == "UNSUPPORTED", error
     needs = r"needs at least \d+ bytes of workspace, the limit \(workspace_limit\) is 16:"
@@ -420,8 +664,21 @@ def test_float16_is_float32_rounded_once(shim, rng):
     b = random_input(rng, (16,), "float16")
     expected = (ref.conv_forward(x, w, b, lo=(1, 1), hi=(1, 1)) * 0.75).astype(np.float16)
     out = np.full(expected.shape, np.nan, np.float16)
-    error, _ = run(shim, FORWARD, x.astype(np.float16), w.astype(np.float16), out, b.astype(np.float16), "float16",
-                   stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1), groups=1, alpha=0.75)
+    error, _ = run(
+        shim,
+        FORWARD,
+        x.astype(np.float16),
+        w.astype(np.float16),
+        out,
+        b.astype(np.float16),
+        "float16",
+        stride=(1, 1),
+        dilation=(1, 1),
+        lo=(1, 1),
+        hi=(1, 1),
+        groups=1,
+        alpha=0.75,
+    )
     assert error is None, error
     ulps = np.abs(out.view(np.int16).astype(np.int32) - expected.view(np.int16).astype(np.int32))
     assert ulps.max() <= 1
@@ -431,8 +688,9 @@ def test_float16_is_float32_rounded_once(shim, rng):
 def test_16bit_conversions_special_values(shim):
     """A 1x1 identity convolution round-trips float16 and bfloat16 specials through the
     float32 path: subnormals, infinities, NaN, signed zero."""
-    h = np.array([0.0, -0.0, 6e-8, -6e-8, 6.1e-5, 65504, -65504, np.inf, -np.inf, np.nan, 1 / 3, 1e-7],
-                 np.float16).reshape(1, 1, 12)
+    h = np.array(
+        [0.0, -0.0, 6e-8, -6e-8, 6.1e-5, 65504, -65504, np.inf, -np.inf, np.nan, 1 / 3, 1e-7], np.float16
+    ).reshape(1, 1, 12)
     w = np.ones((1, 1, 1), np.float16)
     out = np.full(h.shape, np.nan, np.float16)
     error, _ = run(shim, FORWARD, h, w, out, None, "float16", stride=(1,), dilation=(1,), lo=(0,), hi=(0,), groups=1)
@@ -443,8 +701,20 @@ def test_16bit_conversions_special_values(shim):
     f = np.array([0.0, -0.0, 1e-40, -3e-39, 1.0, 3.4e38, np.inf, -np.inf, np.nan, 1 / 3], np.float32)
     bb = to_bf16(f).reshape(1, 1, -1)
     out_b = np.zeros_like(bb)
-    error, _ = run(shim, FORWARD, bb, to_bf16(np.ones(1)).reshape(1, 1, 1), out_b, None, "bfloat16",
-                   stride=(1,), dilation=(1,), lo=(0,), hi=(0,), groups=1)
+    error, _ = run(
+        shim,
+        FORWARD,
+        bb,
+        to_bf16(np.ones(1)).reshape(1, 1, 1),
+        out_b,
+        None,
+        "bfloat16",
+        stride=(1,),
+        dilation=(1,),
+        lo=(0,),
+        hi=(0,),
+        groups=1,
+    )
     assert error is None, error
     nan = np.isnan(from_bf16(bb))
     assert np.array_equal(from_bf16(out_b)[~nan], from_bf16(bb)[~nan]) and np.isnan(from_bf16(out_b)[nan]).all()
@@ -453,7 +723,7 @@ def test_16bit_conversions_special_values(shim):
 def test_half_rounding_of_sums(shim):
     """Rounding to nearest even of float32 results into float16 (ties and carries)."""
     # 1 + k * 2^-12 for k = 0..7: ties at odd k round to even mantissas.
-    vals = (1 + np.arange(8) * 2.0 ** -12).astype(np.float32)
+    vals = (1 + np.arange(8) * 2.0**-12).astype(np.float32)
     x = np.stack([vals, np.zeros_like(vals)]).reshape(1, 2, 8).astype(np.float32)
     xs = np.stack([np.ones(8), vals - 1]).reshape(1, 2, 8)  # 1 + (vals - 1): exact in float32
     w = np.ones((1, 2, 1), np.float16)
@@ -469,8 +739,7 @@ def test_packed_weights(shim, rng):
     x = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
     w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
     y = np.full((2, 6, 6, 6), np.nan, np.float32)
-    args = plan_args(FORWARD, x, w, y, None, "float32", stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1),
-                     groups=1)
+    args = plan_args(FORWARD, x, w, y, None, "float32", stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1), groups=1)
     assert shim.call("Conv_Plan_Create", args) is None
     pack = F.new(F.ConvPlanPackWeightsArgs, plan=args.plan, w=w.ctypes.data)
     assert shim.call("Conv_Plan_Pack_Weights", pack) is None
@@ -496,6 +765,7 @@ def test_benchmark_policy(shim, rng):
 def _bad_cases():
     def mod(**change):
         return change
+
     return {
         "stride0": mod(stride=(0, 1)),
         "negative_padding": mod(lo=(-1, 0)),
@@ -520,9 +790,22 @@ def test_invalid_arguments(shim, case):
     w = np.ones((6, 2, 3, 3), np.float32)
     y = np.full(c.get("y_shape", (2, 6, 6, 6)), 7.0, np.float32)
     b = np.ones(c.get("bias_shape", (6,)), np.float32) if c.get("bias") or "bias_shape" in c else None
-    args = plan_args(c.get("op", FORWARD), x, w, y, b, "float32", stride=c.get("stride", (1, 1)),
-                     dilation=c.get("dilation", (1, 1)), lo=c.get("lo", (1, 1)), hi=(1, 1), groups=c.get("groups", 2),
-                     act=c.get("act", ABI.ACTIVATION_NONE), policy=c.get("policy", ABI.ALGO_HEURISTIC), algo_id=c.get("algo_id", 0))
+    args = plan_args(
+        c.get("op", FORWARD),
+        x,
+        w,
+        y,
+        b,
+        "float32",
+        stride=c.get("stride", (1, 1)),
+        dilation=c.get("dilation", (1, 1)),
+        lo=c.get("lo", (1, 1)),
+        hi=(1, 1),
+        groups=c.get("groups", 2),
+        act=c.get("act", ABI.ACTIVATION_NONE),
+        policy=c.get("policy", ABI.ALGO_HEURISTIC),
+        algo_id=c.get("algo_id", 0),
+    )
     if "w_dtype" in c:
         args.w.contents.dtype = F.DLDataType(*F.DTYPES["float64"], 1)
     if "rank" in c:
@@ -539,8 +822,19 @@ def test_invalid_arguments(shim, case):
 
 def test_unsupported_dtype_names_it(shim):
     x = np.ones((1, 2, 4), np.int32)
-    args = plan_args(FORWARD, x, np.ones((2, 2, 1), np.int32), np.ones((1, 2, 4), np.int32), None, "float32",
-                     stride=(1,), dilation=(1,), lo=(0,), hi=(0,), groups=1)
+    args = plan_args(
+        FORWARD,
+        x,
+        np.ones((2, 2, 1), np.int32),
+        np.ones((1, 2, 4), np.int32),
+        None,
+        "float32",
+        stride=(1,),
+        dilation=(1,),
+        lo=(0,),
+        hi=(0,),
+        groups=1,
+    )
     for t in (args.x, args.w, args.y):
         t.contents.dtype = F.DLDataType(ABI.DTYPE_INT, 32, 1)
     error = shim.call("Conv_Plan_Create", args)
@@ -551,8 +845,7 @@ def test_execute_rejects_small_workspace_and_null_data(shim):
     x = np.ones((1, 2, 6, 6), np.float32)
     w = np.ones((2, 2, 3, 3), np.float32)
     y = np.full((1, 2, 6, 6), 7.0, np.float32)
-    args = plan_args(FORWARD, x, w, y, None, "float32", stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1),
-                     groups=1)
+    args = plan_args(FORWARD, x, w, y, None, "float32", stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1), groups=1)
     assert shim.call("Conv_Plan_Create", args) is None
     try:
         assert args.workspace_size > 0

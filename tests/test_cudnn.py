@@ -15,7 +15,8 @@ import flux_dnn
 from abi.fdnn_ctypes import ABI
 
 cuda13 = pytest.importorskip(
-    "flux_dnn_cuda13", reason="flux-dnn-cuda13 is not installed (pip install packaging/flux-dnn-cuda13)")
+    "flux_dnn_cuda13", reason="flux-dnn-cuda13 is not installed (pip install packaging/flux-dnn-cuda13)"
+)
 
 
 def cudnn_status():
@@ -45,14 +46,14 @@ def test_without_a_gpu_the_reason_is_in_user_words():
     if s.usable:
         pytest.skip("a CUDA device is present")
     assert s.num_devices == 0
-    assert any(words in s.reason for words in
-               ("no NVIDIA driver found", "no CUDA device", "driver is too old")), s.reason
+    assert any(words in s.reason for words in ("no NVIDIA driver found", "no CUDA device", "driver is too old")), (
+        s.reason
+    )
 
 
 def test_info_command_reports_the_shim():
-    out = subprocess.run([sys.executable, "-m", "flux_dnn", "info"], capture_output=True,
-                         text=True, check=True).stdout
-    block = out[out.index("shim cudnn"):]
+    out = subprocess.run([sys.executable, "-m", "flux_dnn", "info"], capture_output=True, text=True, check=True).stdout
+    block = out[out.index("shim cudnn") :]
     assert "[CUDA]" in block.splitlines()[0]
     assert "cuDNN 9." in block
     s = cudnn_status()
@@ -69,8 +70,9 @@ def test_cpu_convolution_still_works_with_the_cuda_wheel_installed(rng):
     y = flux_dnn.conv2d(x, w, padding=1)
     assert isinstance(y, np.ndarray) and y.shape == (2, 4, 8, 8)
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    expected = sum(np.einsum("nchw,kc->nkhw", xp[:, :, r:r + 8, s:s + 8], w[:, :, r, s])
-                   for r in range(3) for s in range(3))
+    expected = sum(
+        np.einsum("nchw,kc->nkhw", xp[:, :, r : r + 8, s : s + 8], w[:, :, r, s]) for r in range(3) for s in range(3)
+    )
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 

@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+
 from conftest import cpu_shim_for
 
 HERE = os.path.dirname(__file__)

@@ -24,8 +24,13 @@ def check_untouched(out, call, error, match):
     np.testing.assert_array_equal(out, before)
 
 
-@pytest.mark.parametrize("x_shape,match", [((4, 8, 8), r"x: a 2-D convolution expects a 4-D array"),
-                                           ((1, 2, 4, 8, 8), r"x: a 2-D convolution expects a 4-D array")])
+@pytest.mark.parametrize(
+    "x_shape,match",
+    [
+        ((4, 8, 8), r"x: a 2-D convolution expects a 4-D array"),
+        ((1, 2, 4, 8, 8), r"x: a 2-D convolution expects a 4-D array"),
+    ],
+)
 def test_wrong_rank_of_x(rng, xw, x_shape, match):
     with pytest.raises(ValueError, match=match):
         flux_dnn.conv2d(np.zeros(x_shape, np.float32), xw[1])
@@ -50,19 +55,22 @@ def test_groups_must_divide_channels(rng, xw):
         flux_dnn.conv2d(xw[0], w, groups=2)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(stride=0), r"stride: every value must be >= 1, got 0"),
-    (dict(stride=(1, -2)), r"stride: every value must be >= 1"),
-    (dict(dilation=0), r"dilation: every value must be >= 1"),
-    (dict(padding=-1), r"padding: must be >= 0, got -1"),
-    (dict(padding=((0, -1), (1, 1))), r"padding: must be >= 0"),
-    (dict(padding=(1, 2, 3)), r"padding: expected an int or 2 ints"),
-    (dict(padding="full"), r"padding: expected an int, a tuple, per-side pairs, 'same' or 'valid', got 'full'"),
-    (dict(padding="same", stride=2), r"padding: 'same' needs stride 1"),
-    (dict(groups=0), r"groups: must be >= 1, got 0"),
-    (dict(stride=1.5), r"stride: expected an integer, got 1.5"),
-    (dict(groups=True), r"groups: expected an integer, got True"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(stride=0), r"stride: every value must be >= 1, got 0"),
+        (dict(stride=(1, -2)), r"stride: every value must be >= 1"),
+        (dict(dilation=0), r"dilation: every value must be >= 1"),
+        (dict(padding=-1), r"padding: must be >= 0, got -1"),
+        (dict(padding=((0, -1), (1, 1))), r"padding: must be >= 0"),
+        (dict(padding=(1, 2, 3)), r"padding: expected an int or 2 ints"),
+        (dict(padding="full"), r"padding: expected an int, a tuple, per-side pairs, 'same' or 'valid', got 'full'"),
+        (dict(padding="same", stride=2), r"padding: 'same' needs stride 1"),
+        (dict(groups=0), r"groups: must be >= 1, got 0"),
+        (dict(stride=1.5), r"stride: expected an integer, got 1.5"),
+        (dict(groups=True), r"groups: expected an integer, got True"),
+    ],
+)
 def test_bad_parameters(xw, kw, match):
     error = TypeError if "expected an integer" in match else ValueError
     with pytest.raises(error, match=match):
@@ -88,9 +96,12 @@ def test_dtypes_must_match(xw):
 def test_unsupported_dtype_names_what_each_shim_computes(xw):
     torch = pytest.importorskip("torch")
     x, w = (torch.from_numpy(a) for a in xw)
-    with pytest.raises(TypeError, match=r"x: dtype int32 is not supported by any shim for CPU arrays here:\n"
-                                        r"  shim '(onednn|blas)' computes float(.|\n)*"
-                                        r"accepted dtypes: float64, float32, float16, bfloat16"):
+    with pytest.raises(
+        TypeError,
+        match=r"x: dtype int32 is not supported by any shim for CPU arrays here:\n"
+        r"  shim '(onednn|blas)' computes float(.|\n)*"
+        r"accepted dtypes: float64, float32, float16, bfloat16",
+    ):
         flux_dnn.conv2d(x.to(torch.int32), w.to(torch.int32))
 
 
@@ -103,11 +114,19 @@ def test_out_checks_leave_out_untouched(xw):
     x, w = xw
     good = np.full((2, 6, 6, 6), 7.0, np.float32)
     wrong_shape = np.full((2, 6, 6, 5), 7.0, np.float32)
-    check_untouched(wrong_shape, lambda: flux_dnn.conv2d(x, w, out=wrong_shape), ValueError,
-                    r"out: shape \(2, 6, 6, 5\) does not match the result's shape \(2, 6, 6, 6\)")
+    check_untouched(
+        wrong_shape,
+        lambda: flux_dnn.conv2d(x, w, out=wrong_shape),
+        ValueError,
+        r"out: shape \(2, 6, 6, 5\) does not match the result's shape \(2, 6, 6, 6\)",
+    )
     wrong_dtype = np.full((2, 6, 6, 6), 7.0, np.float16)
-    check_untouched(wrong_dtype, lambda: flux_dnn.conv2d(x, w, out=wrong_dtype), TypeError,
-                    r"out: dtype float16 differs from x's dtype float32")
+    check_untouched(
+        wrong_dtype,
+        lambda: flux_dnn.conv2d(x, w, out=wrong_dtype),
+        TypeError,
+        r"out: dtype float16 differs from x's dtype float32",
+    )
     read_only = good.copy()
     read_only.flags.writeable = False
     check_untouched(read_only, lambda: flux_dnn.conv2d(x, w, out=read_only), ValueError, r"out: the array is read-only")
@@ -192,8 +211,13 @@ def test_strided_views_work_or_raise(rng):
 
     x = rng.standard_normal((2, 4, 12, 12)).astype(np.float32)
     w = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
-    views = [(x[:, :, ::2, ::3], w), (x[:, 1:3], w[:, 1:3]), (x.transpose(0, 1, 3, 2), w),
-             (np.broadcast_to(x[:1], x.shape), w), (x, w.transpose(0, 1, 3, 2))]
+    views = [
+        (x[:, :, ::2, ::3], w),
+        (x[:, 1:3], w[:, 1:3]),
+        (x.transpose(0, 1, 3, 2), w),
+        (np.broadcast_to(x[:1], x.shape), w),
+        (x, w.transpose(0, 1, 3, 2)),
+    ]
     for xv, wv in views:
         expected = ref.conv_forward(xv, wv)
         np.testing.assert_allclose(flux_dnn.conv2d(xv, wv), expected, rtol=2e-4, atol=2e-4 * np.abs(expected).max())
@@ -225,15 +249,18 @@ def test_overlapping_output_is_refused(rng):
 # -- the shim's error codes, as the core raises them -------------------------------------------
 
 
-@pytest.mark.parametrize("code,error", [
-    (_core.ERROR_INVALID_ARGUMENT, ValueError),
-    (_core.ERROR_UNSUPPORTED, flux_dnn.UnsupportedError),
-    (_core.ERROR_UNAVAILABLE, flux_dnn.DeviceUnavailableError),
-    (_core.ERROR_OUT_OF_MEMORY, MemoryError),
-    (_core.ERROR_VENDOR, flux_dnn.VendorError),
-    (_core.ERROR_INTERNAL, RuntimeError),
-    (77, RuntimeError),  # a code this core does not know (a newer shim's)
-])
+@pytest.mark.parametrize(
+    "code,error",
+    [
+        (_core.ERROR_INVALID_ARGUMENT, ValueError),
+        (_core.ERROR_UNSUPPORTED, flux_dnn.UnsupportedError),
+        (_core.ERROR_UNAVAILABLE, flux_dnn.DeviceUnavailableError),
+        (_core.ERROR_OUT_OF_MEMORY, MemoryError),
+        (_core.ERROR_VENDOR, flux_dnn.VendorError),
+        (_core.ERROR_INTERNAL, RuntimeError),
+        (77, RuntimeError),  # a code this core does not know (a newer shim's)
+    ],
+)
 def test_shim_error_codes_become_exceptions(tmp_path, code, error):
     from test_shims import fake_shim
 
@@ -249,19 +276,34 @@ def test_shim_error_codes_become_exceptions(tmp_path, code, error):
 
 # -- DLPack intake: a versioned capsule of an unknown major version ----------------------------
 
+
 class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
-                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
-                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device_type", ctypes.c_int32),
+        ("device_id", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("code", ctypes.c_uint8),
+        ("bits", ctypes.c_uint8),
+        ("lanes", ctypes.c_uint16),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 class DLManagedTensorVersioned(ctypes.Structure):  # DLPack 1.x's layout
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", DELETER), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", DELETER),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
 
 
 def versioned_capsule(major, array, deleted):
@@ -269,8 +311,14 @@ def versioned_capsule(major, array, deleted):
     deleter appends the managed tensor's address to `deleted`. Returns (capsule, keep-alive)."""
     shape = (ctypes.c_int64 * array.ndim)(*array.shape)
     deleter = DELETER(deleted.append)
-    managed = DLManagedTensorVersioned(major, 1, None, deleter, 0, DLTensor(
-        array.ctypes.data, 1, 0, array.ndim, 2, array.itemsize * 8, 1, shape, None, 0))
+    managed = DLManagedTensorVersioned(
+        major,
+        1,
+        None,
+        deleter,
+        0,
+        DLTensor(array.ctypes.data, 1, 0, array.ndim, 2, array.itemsize * 8, 1, shape, None, 0),
+    )
     new = ctypes.pythonapi.PyCapsule_New
     new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
     return new(ctypes.addressof(managed), b"dltensor_versioned", None), (shape, deleter, managed, array)
@@ -303,8 +351,11 @@ def test_versioned_capsule_of_an_unknown_major_is_refused_and_released():
     capsule, keep = versioned_capsule(2, array, deleted)
     managed = keep[2]
     managed.dl_tensor.ndim = -5  # a field a reader of the unknown major must not look at
-    with pytest.raises(BufferError, match=r"^w: the array was exported as DLPack 2\.1, a major version flux_dnn "
-                                          r"cannot read \(it reads DLPack 1\.x\); the tensor was released unread$"):
+    with pytest.raises(
+        BufferError,
+        match=r"^w: the array was exported as DLPack 2\.1, a major version flux_dnn "
+        r"cannot read \(it reads DLPack 1\.x\); the tensor was released unread$",
+    ):
         _core.describe_intake(capsule, "w")
     assert deleted == [ctypes.addressof(managed)]  # its deleter, once
     assert capsule_name(capsule) == b"used_dltensor_versioned"  # consumed: the capsule will not free it again

@@ -8,10 +8,10 @@ import sys
 
 import numpy as np
 import pytest
-import reference as ref
-from conftest import require_cpu_dtype
 
 import flux_dnn
+import reference as ref
+from conftest import require_cpu_dtype
 
 
 @pytest.fixture(autouse=True)

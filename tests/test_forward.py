@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-import reference as ref
-from conftest import require_onednn
 
 import flux_dnn
+import reference as ref
+from conftest import require_onednn
 
 
 def draw_config(rng, nd):

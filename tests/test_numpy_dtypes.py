@@ -14,9 +14,9 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-import reference as ref
 
 import flux_dnn
+import reference as ref
 from flux_dnn import _core
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

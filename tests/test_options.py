@@ -6,9 +6,9 @@ import itertools
 
 import numpy as np
 import pytest
-import reference as ref
 
 import flux_dnn
+import reference as ref
 from flux_dnn import _core, _geometry
 from flux_dnn._conv import _default_flags
 from flux_dnn._discovery import REGISTRY

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-import reference as ref
 
 import flux_dnn
+import reference as ref
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])

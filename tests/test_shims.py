@@ -50,8 +50,22 @@ def compile_shim(tmp_path, source, name, *defines):
     if not isinstance(source, pathlib.Path):
         src.write_text(source)
     lib = tmp_path / f"lib{name}.so"
-    subprocess.run([compiler(), "-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", f"-I{HEADER_DIR}",
-                    *(f"-D{d}" for d in defines), str(src), "-o", str(lib)], check=True)
+    subprocess.run(
+        [
+            compiler(),
+            "-shared",
+            "-fPIC",
+            "-std=c11",
+            "-Wall",
+            "-Werror",
+            f"-I{HEADER_DIR}",
+            *(f"-D{d}" for d in defines),
+            str(src),
+            "-o",
+            str(lib),
+        ],
+        check=True,
+    )
     return lib
 
 
@@ -91,16 +105,23 @@ def test_cpu_shims_are_asked_by_priority():
 def test_core_refuses_another_abi_major(tmp_path):
     lib = compile_shim(tmp_path, FOREIGN_SHIM, "foreign")
     major, minor = flux_dnn.ABI_VERSION
-    with pytest.raises(flux_dnn.ShimLoadError,
-                       match=rf"built for flux_dnn ABI {major + 1}\.3, but this flux_dnn core speaks ABI {major}\.{minor}"):
+    with pytest.raises(
+        flux_dnn.ShimLoadError,
+        match=rf"built for flux_dnn ABI {major + 1}\.3, but this flux_dnn core speaks ABI {major}\.{minor}",
+    ):
         _core.load_shim(str(lib))
 
 
-@pytest.mark.parametrize("defines,match", [
-    (("FAKE_NULL_CAPABILITIES", "FAKE_NULL_EXECUTE"),
-     r"has an incomplete function table: Conv_Capabilities, Conv_Plan_Execute NULL"),
-    (("FAKE_SHORT_TABLE",), r"has a function table of \d+ bytes, smaller than the \d+ of ABI 2\.0"),
-])
+@pytest.mark.parametrize(
+    "defines,match",
+    [
+        (
+            ("FAKE_NULL_CAPABILITIES", "FAKE_NULL_EXECUTE"),
+            r"has an incomplete function table: Conv_Capabilities, Conv_Plan_Execute NULL",
+        ),
+        (("FAKE_SHORT_TABLE",), r"has a function table of \d+ bytes, smaller than the \d+ of ABI 2\.0"),
+    ],
+)
 def test_core_refuses_an_incomplete_table(tmp_path, defines, match):
     lib = fake_shim(tmp_path, "incomplete", *defines)
     with pytest.raises(flux_dnn.ShimLoadError, match=match):
@@ -118,12 +139,14 @@ def test_core_refuses_a_library_that_is_no_shim(tmp_path):
 @pytest.fixture
 def broken_plugin(tmp_path, monkeypatch):
     """A real installed plugin (a dist-info with an entry point) whose shim cannot load."""
-    (tmp_path / "broken_flux_plugin.py").write_text(textwrap.dedent("""
+    (tmp_path / "broken_flux_plugin.py").write_text(
+        textwrap.dedent("""
         from flux_dnn import ShimSpec
         def shim_spec():
             return ShimSpec(name="brokenrocm", device_type=10, library="/nonexistent/libflux_dnn_broken.so",
                             install_hint="pip install flux-dnn-rocm-fixed")
-    """))
+    """)
+    )
     dist = tmp_path / "broken_flux_plugin-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-flux-plugin\nVersion: 1.0\n")
@@ -144,6 +167,7 @@ def test_failed_shim_is_listed_with_reason(broken_plugin):
 
 def test_failed_shim_raises_only_when_its_device_is_asked_for(broken_plugin, rng):
     import numpy as np
+
     from test_errors import OtherDevice
 
     x = rng.standard_normal((1, 2, 5, 5), dtype=np.float32)
@@ -157,19 +181,25 @@ def test_failed_shim_raises_only_when_its_device_is_asked_for(broken_plugin, rng
 
 
 def run_python(code, **env):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120
+    )
 
 
 def test_import_loads_no_vendor_library():
-    code = "import flux_dnn, pathlib; maps = pathlib.Path('/proc/self/maps').read_text(); print('dnnl' in maps, 'flux_dnn_onednn' in maps)"
+    code = (
+        "import flux_dnn, pathlib; maps = pathlib.Path('/proc/self/maps').read_text(); "
+        "print('dnnl' in maps, 'flux_dnn_onednn' in maps)"
+    )
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False"]
 
 
 def test_explicit_shim_selection_fails_loudly():
-    code = "import numpy as np, flux_dnn; flux_dnn.conv2d(np.zeros((1,1,3,3),np.float32), np.zeros((1,1,3,3),np.float32))"
+    code = (
+        "import numpy as np, flux_dnn; flux_dnn.conv2d(np.zeros((1,1,3,3),np.float32), np.zeros((1,1,3,3),np.float32))"
+    )
     result = run_python(code, FLUX_DNN_SHIMS="onednn,nosuchshim")
     assert result.returncode != 0
     assert "FLUX_DNN_SHIMS names 'nosuchshim', but no such shim is installed" in result.stderr
@@ -184,14 +214,21 @@ def test_shim_reports_itself_through_core(tmp_path):
     assert info["unavailable_reason"] is None and info["abi"] == flux_dnn.ABI_VERSION
     assert shim.device_info() == {"name": "fake device 0", "default_flags": _core.CONV_ALLOW_REDUCED_PRECISION}
     assert shim.capabilities(_core.CONV_FORWARD, "float32") == {
-        "support": _core.SUPPORT_NATIVE, "spatial_ranks": (2,),
+        "support": _core.SUPPORT_NATIVE,
+        "spatial_ranks": (2,),
         "activations": (1 << _core.ACTIVATION_NONE) | (1 << _core.ACTIVATION_RELU),
-        "features": _core.FEATURE_GROUPS | _core.FEATURE_ALPHA_BETA, "detail": "fake float32 kernels"}
+        "features": _core.FEATURE_GROUPS | _core.FEATURE_ALPHA_BETA,
+        "detail": "fake float32 kernels",
+    }
     backward = shim.capabilities(_core.CONV_BACKWARD_WEIGHT, "float16", device_id=0)
     assert backward["support"] == _core.SUPPORT_CONVERTED and backward["activations"] == 1 << _core.ACTIVATION_NONE
     assert shim.capabilities(_core.CONV_FORWARD, "float64") == {
-        "support": _core.SUPPORT_NONE, "spatial_ranks": (), "activations": 0, "features": 0,
-        "detail": "fake computes float32 only"}
+        "support": _core.SUPPORT_NONE,
+        "spatial_ranks": (),
+        "activations": 0,
+        "features": 0,
+        "detail": "fake computes float32 only",
+    }
     with pytest.raises(ValueError, match=r"dtype: expected 'float64', 'float32', 'float16' or 'bfloat16', got 'int8'"):
         shim.capabilities(_core.CONV_FORWARD, "int8")
     with pytest.raises(ValueError, match=r"\[selfreport\] Conv_Capabilities: no such op 7"):
@@ -228,8 +265,8 @@ def test_plan_cache_is_lru_and_destroys_what_it_drops(tmp_path, small_plan_cache
         return counter(lib, "fake_plans_created"), counter(lib, "fake_plans_destroyed")
 
     storage = np.zeros(64 + 4, np.float32)
-    aligned = storage[(-storage.ctypes.data % 16) // 4:][:16].reshape(1, 1, 4, 4)
-    offset = storage[(-storage.ctypes.data % 16) // 4 + 1:][:16].reshape(1, 1, 4, 4)  # 4-byte aligned
+    aligned = storage[(-storage.ctypes.data % 16) // 4 :][:16].reshape(1, 1, 4, 4)
+    offset = storage[(-storage.ctypes.data % 16) // 4 + 1 :][:16].reshape(1, 1, 4, 4)  # 4-byte aligned
     assert run(aligned) == (1, 0)
     assert run(aligned) == (1, 0)  # a hit
     assert run(offset) == (2, 0)  # same shape, another alignment: another plan
@@ -268,17 +305,27 @@ def fake_plugins(tmp_path, monkeypatch):
     libs = {
         "fakelow": fake_shim(tmp_path, "fakelow", "FAKE_PRIORITY=5", "FAKE_FLOAT16", f"FAKE_DEVICE_TYPE={ONEAPI}"),
         "fakehigh": fake_shim(tmp_path, "fakehigh", "FAKE_PRIORITY=50", f"FAKE_DEVICE_TYPE={ONEAPI}"),
-        "fakeoff": fake_shim(tmp_path, "fakeoff", "FAKE_PRIORITY=90", f"FAKE_DEVICE_TYPE={ONEAPI}",
-                             'FAKE_UNAVAILABLE="no fake device here"'),
+        "fakeoff": fake_shim(
+            tmp_path,
+            "fakeoff",
+            "FAKE_PRIORITY=90",
+            f"FAKE_DEVICE_TYPE={ONEAPI}",
+            'FAKE_UNAVAILABLE="no fake device here"',
+        ),
     }
-    (tmp_path / "fake_flux_plugins.py").write_text("from flux_dnn import ShimSpec\n" + "".join(
-        f"def {name}():\n    return ShimSpec(name={name!r}, device_type={ONEAPI}, library={str(lib)!r})\n"
-        for name, lib in libs.items()))
+    (tmp_path / "fake_flux_plugins.py").write_text(
+        "from flux_dnn import ShimSpec\n"
+        + "".join(
+            f"def {name}():\n    return ShimSpec(name={name!r}, device_type={ONEAPI}, library={str(lib)!r})\n"
+            for name, lib in libs.items()
+        )
+    )
     dist = tmp_path / "fake_flux_plugins-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-flux-plugins\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        "[flux_dnn.shims]\n" + "".join(f"{name} = fake_flux_plugins:{name}\n" for name in libs))
+        "[flux_dnn.shims]\n" + "".join(f"{name} = fake_flux_plugins:{name}\n" for name in libs)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("FLUX_DNN_SHIMS", raising=False)
     yield tmp_path
@@ -303,7 +350,8 @@ def test_shims_are_asked_by_their_reported_priority(fake_plugins):
         "  shim 'fakehigh' computes float32 (fake computes float32 only)",
         "  shim 'fakelow' computes float32, float16 (fake computes float32 only)",
         "  shim 'fakeoff' is not usable: no fake device here",
-        "  accepted dtypes: float64, float32, float16, bfloat16"]
+        "  accepted dtypes: float64, float32, float16, bfloat16",
+    ]
 
 
 def test_flux_dnn_shims_pins_set_and_order(fake_plugins, monkeypatch):
@@ -317,8 +365,13 @@ def test_flux_dnn_shims_pins_set_and_order(fake_plugins, monkeypatch):
 
 
 def run_info(**env):
-    return subprocess.run([sys.executable, "-m", "flux_dnn", "info"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "flux_dnn", "info"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
 
 
 def test_info_shows_order_and_serving_per_device(fake_plugins):
@@ -331,7 +384,8 @@ def test_info_shows_order_and_serving_per_device(fake_plugins):
         "  float64:  not supported",
         "  float32:  fakehigh",
         "  float16:  fakelow (converted)",
-        "  bfloat16: not supported"]
+        "  bfloat16: not supported",
+    ]
     assert "shim fakeoff [oneAPI]: loaded, unavailable" in result.stdout
     assert "why not:  no fake device here" in result.stdout
 
@@ -355,10 +409,16 @@ def test_listing_shows_shims_that_fail_to_load_and_never_raises(tmp_path):
     assert "CPU arrays:\n  order:    fakecpu (priority 1, version 9.9.9" in out
     listing = subprocess.run(
         [sys.executable, "-c", "import flux_dnn; print(sorted((s.name, s.usable) for s in flux_dnn.shims()))"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "FLUX_DNN_SHIMS": wanted})
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FLUX_DNN_SHIMS": wanted},
+    )
     assert listing.returncode == 0, listing.stderr
-    assert f"('fakecpu', True), ('nosuchshim', False)" in listing.stdout
-    code = "import numpy as np, flux_dnn; flux_dnn.conv2d(np.zeros((1,1,3,3),np.float32), np.zeros((1,1,3,3),np.float32))"
+    assert "('fakecpu', True), ('nosuchshim', False)" in listing.stdout
+    code = (
+        "import numpy as np, flux_dnn; flux_dnn.conv2d(np.zeros((1,1,3,3),np.float32), np.zeros((1,1,3,3),np.float32))"
+    )
     run = run_python(code, FLUX_DNN_SHIMS=wanted)
     assert run.returncode != 0
     assert "ShimLoadError: shim '/nonexistent/libflux_dnn_gone.so' named in FLUX_DNN_SHIMS failed to load" in run.stderr
@@ -380,7 +440,7 @@ def test_info_tells_the_truth_per_dtype(rng):
     assert result.returncode == 0, result.stderr
     section = result.stdout.split("CPU arrays:\n", 1)[1].splitlines()
     assert section[0].startswith("  order:    ")
-    serving = section[1:1 + len(DTYPES)]
+    serving = section[1 : 1 + len(DTYPES)]
     statuses = {s.name: s for s in flux_dnn.shims()}
     for line in serving:
         dtype, shim = line.split()[:2]
@@ -394,8 +454,9 @@ def test_info_tells_the_truth_per_dtype(rng):
         plan = flux_dnn.conv_plan(x, w, padding=1)
         y = plan(x)
         assert y.dtype == x.dtype
-        np.testing.assert_allclose(y.astype(np.float64), ref.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1)),
-                                   rtol=1e-2, atol=1e-2)
+        np.testing.assert_allclose(
+            y.astype(np.float64), ref.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1)), rtol=1e-2, atol=1e-2
+        )
         if shim == "onednn":
             assert ("computed in float32" in plan.algorithm) == (how == "converted"), (dtype, plan.algorithm)
     assert {line.split()[0].rstrip(":") for line in serving} == set(DTYPES)
@@ -414,8 +475,20 @@ def ffi_call(lib, x, w, groups=1, flags=-1):
     out = jax.ShapeDtypeStruct(x.shape[:1] + w.shape[:1] + x.shape[2:], x.dtype)
     ones, zeros = np.ones(2, np.int64), np.zeros(2, np.int64)
     call = jax.ffi.ffi_call(fj._FFI_TARGET, out)
-    return np.asarray(call(x, w, shim=str(lib), op=np.int64(_core.CONV_FORWARD), stride=ones, padding_lo=zeros,
-                           padding_hi=zeros, dilation=ones, groups=np.int64(groups), flags=np.int64(flags)))
+    return np.asarray(
+        call(
+            x,
+            w,
+            shim=str(lib),
+            op=np.int64(_core.CONV_FORWARD),
+            stride=ones,
+            padding_lo=zeros,
+            padding_hi=zeros,
+            dilation=ones,
+            groups=np.int64(groups),
+            flags=np.int64(flags),
+        )
+    )
 
 
 def test_ffi_handler_passes_the_device_default_flags(tmp_path):
@@ -434,15 +507,25 @@ def test_ffi_handler_checks_the_shim_and_maps_its_errors(tmp_path):
     jax = pytest.importorskip("jax")
     x, w = np.zeros((1, 2, 4, 4), np.float32), np.ones((3, 2, 1, 1), np.float32)
     incomplete = fake_shim(tmp_path, "ffiincomplete", "FAKE_NULL_CAPABILITIES")
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"UNAVAILABLE: flux_dnn: shim .* has an incomplete function "
-                                                         r"table: Conv_Capabilities NULL"):
+    with pytest.raises(
+        jax.errors.JaxRuntimeError,
+        match=r"UNAVAILABLE: flux_dnn: shim .* has an incomplete function "
+        r"table: Conv_Capabilities NULL",
+    ):
         ffi_call(incomplete, x, w)
     lib = fake_shim(tmp_path, "ffierrors")
-    for code, status in [(_core.ERROR_INVALID_ARGUMENT, "INVALID_ARGUMENT"), (_core.ERROR_UNSUPPORTED, "UNIMPLEMENTED"),
-                         (_core.ERROR_UNAVAILABLE, "UNAVAILABLE"), (_core.ERROR_OUT_OF_MEMORY, "RESOURCE_EXHAUSTED"),
-                         (_core.ERROR_VENDOR, "INTERNAL"), (_core.ERROR_INTERNAL, "INTERNAL")]:
-        with pytest.raises(jax.errors.JaxRuntimeError,
-                           match=rf"{status}: flux_dnn: \[ffierrors\] creating a plan: fake failure code {code}"):
+    for code, status in [
+        (_core.ERROR_INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+        (_core.ERROR_UNSUPPORTED, "UNIMPLEMENTED"),
+        (_core.ERROR_UNAVAILABLE, "UNAVAILABLE"),
+        (_core.ERROR_OUT_OF_MEMORY, "RESOURCE_EXHAUSTED"),
+        (_core.ERROR_VENDOR, "INTERNAL"),
+        (_core.ERROR_INTERNAL, "INTERNAL"),
+    ]:
+        with pytest.raises(
+            jax.errors.JaxRuntimeError,
+            match=rf"{status}: flux_dnn: \[ffierrors\] creating a plan: fake failure code {code}",
+        ):
             ffi_call(lib, x, w, groups=1000 + code)
 
 
@@ -471,7 +554,9 @@ def allocations(call):
     return counter.alloc_counter_stop()
 """
 
-ALLOC_PROBE = COUNTER_SETUP + r"""
+ALLOC_PROBE = (
+    COUNTER_SETUP
+    + r"""
 counter = count_in(_core.__file__)
 shim = _core.load_shim(sys.argv[2])
 spec = _core.ConvSpec(_core.CONV_FORWARD, 2, [1, 1], [1, 1], [0, 0], [0, 0], 1)
@@ -482,9 +567,12 @@ print(allocations(lambda: _core.run_conv(shim, spec, x, w, y, None, None, None))
       allocations(lambda: packed.run(x, y, None, None, None)),
       allocations(lambda: flux_dnn.conv2d(x, w, out=y)))
 """
+)
 
 
-FFI_ALLOC_PROBE = COUNTER_SETUP + r"""
+FFI_ALLOC_PROBE = (
+    COUNTER_SETUP
+    + r"""
 import jax, flux_dnn.jax as fj
 fj.ffi_available()
 counter = count_in(fj._FFI_LIBRARY)
@@ -496,6 +584,7 @@ conv = jax.jit(lambda x, w: jax.ffi.ffi_call(fj._FFI_TARGET, out)(
 x, w = jax.numpy.zeros((1, 2, 4, 4), np.float32), jax.numpy.ones((3, 2, 1, 1), np.float32)
 print(allocations(lambda: conv(x, w).block_until_ready()))
 """
+)
 
 
 def count_allocations(tmp_path, probe):
@@ -504,12 +593,27 @@ def count_allocations(tmp_path, probe):
     if not sys.platform.startswith("linux"):
         pytest.skip("the allocation counter is an LD_PRELOAD library for glibc")
     counter_lib = tmp_path / "liballoc_counter.so"
-    subprocess.run([compiler(), "-O1", "-shared", "-fPIC", str(pathlib.Path(__file__).with_name("alloc_counter.c")),
-                    "-o", str(counter_lib), "-ldl"], check=True)
+    subprocess.run(
+        [
+            compiler(),
+            "-O1",
+            "-shared",
+            "-fPIC",
+            str(pathlib.Path(__file__).with_name("alloc_counter.c")),
+            "-o",
+            str(counter_lib),
+            "-ldl",
+        ],
+        check=True,
+    )
     shim = fake_shim(tmp_path, "fakewarm")
-    result = subprocess.run([sys.executable, "-c", probe, str(counter_lib), str(shim)], capture_output=True,
-                            text=True, timeout=120,
-                            env={**os.environ, "LD_PRELOAD": str(counter_lib), "FLUX_DNN_SHIMS": str(shim)})
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(counter_lib), str(shim)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LD_PRELOAD": str(counter_lib), "FLUX_DNN_SHIMS": str(shim)},
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.split()
 

@@ -16,13 +16,16 @@ import re
 import numpy as np
 import pytest
 
-from abi import fdnn_ctypes as F
 import reference as ref
+from abi import fdnn_ctypes as F
 from abi.fdnn_ctypes import ABI
 from abi.shims import shim_sources
 
-OPS = {"forward": ABI.CONV_FORWARD, "backward_data": ABI.CONV_BACKWARD_DATA,
-       "backward_weight": ABI.CONV_BACKWARD_WEIGHT}
+OPS = {
+    "forward": ABI.CONV_FORWARD,
+    "backward_data": ABI.CONV_BACKWARD_DATA,
+    "backward_weight": ABI.CONV_BACKWARD_WEIGHT,
+}
 STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16}
 TOLERANCE = {"float64": 1e-10, "float32": 2e-4, "float16": 4e-3}
 NO_LIMIT = C.c_size_t(-1).value
@@ -80,8 +83,10 @@ class Problem:
         self.policy = (ABI.ALGO_HEURISTIC, 0)  # (algo_policy, algo_id)
 
     def __repr__(self):
-        return (f"{self.op} {self.dtype} policy {self.policy} x{self.x.shape}/{self.x.strides} w{self.w.shape} groups={self.groups} "
-                f"stride={self.stride} dilation={self.dilation} lo={self.lo} hi={self.hi}")
+        return (
+            f"{self.op} {self.dtype} policy {self.policy} x{self.x.shape}/{self.x.strides} w{self.w.shape} "
+            f"groups={self.groups} stride={self.stride} dilation={self.dilation} lo={self.lo} hi={self.hi}"
+        )
 
     def plan_args(self, limit: int):
         keep = []
@@ -92,15 +97,33 @@ class Problem:
             strides = (C.c_int64 * a.ndim)(*[s // a.itemsize for s in a.strides])
             keep.extend((shape, strides))
             code, bits = F.DTYPES[self.dtype]
-            return F.DLTensor(data=a.ctypes.data, device=F.DLDevice(ABI.DEVICE_CPU, 0), ndim=a.ndim,
-                              dtype=F.DLDataType(code, bits, 1), shape=shape, strides=strides, byte_offset=0)
+            return F.DLTensor(
+                data=a.ctypes.data,
+                device=F.DLDevice(ABI.DEVICE_CPU, 0),
+                ndim=a.ndim,
+                dtype=F.DLDataType(code, bits, 1),
+                shape=shape,
+                strides=strides,
+                byte_offset=0,
+            )
 
         tensors = [descriptor(a) for a in (self.x, self.w, self.y)] + [F.DLTensor(ndim=0)]
         keep.extend(tensors)
-        args = F.new(F.ConvPlanCreateArgs, op=OPS[self.op], spatial_rank=self.x.ndim - 2,
-                     x=C.pointer(tensors[0]), w=C.pointer(tensors[1]), y=C.pointer(tensors[2]),
-                     bias=C.pointer(tensors[3]), groups=self.groups, alpha=1.0, beta=0.0,
-                     algo_policy=policy, algo_id=algo_id, workspace_limit=limit)
+        args = F.new(
+            F.ConvPlanCreateArgs,
+            op=OPS[self.op],
+            spatial_rank=self.x.ndim - 2,
+            x=C.pointer(tensors[0]),
+            w=C.pointer(tensors[1]),
+            y=C.pointer(tensors[2]),
+            bias=C.pointer(tensors[3]),
+            groups=self.groups,
+            alpha=1.0,
+            beta=0.0,
+            algo_policy=policy,
+            algo_id=algo_id,
+            workspace_limit=limit,
+        )
         for i in range(self.x.ndim - 2):
             args.stride[i], args.dilation[i] = self.stride[i], self.dilation[i]
             args.padding_lo[i], args.padding_hi[i] = self.lo[i], self.hi[i]
@@ -120,8 +143,16 @@ class Problem:
         raw = np.empty(size + 64, np.uint8)
         start = raw.ctypes.data + (-raw.ctypes.data) % 64
         self.out[...] = np.nan
-        e = F.new(F.ConvPlanExecuteArgs, plan=args.plan, x=self.x.ctypes.data, w=self.w.ctypes.data,
-                  y=self.y.ctypes.data, bias=None, workspace=start if size else None, workspace_size=size)
+        e = F.new(
+            F.ConvPlanExecuteArgs,
+            plan=args.plan,
+            x=self.x.ctypes.data,
+            w=self.w.ctypes.data,
+            y=self.y.ctypes.data,
+            bias=None,
+            workspace=start if size else None,
+            workspace_size=size,
+        )
         error = shim.call("Conv_Plan_Execute", e)
         assert error is None, (what, error)
         tol = TOLERANCE[self.dtype] * max(1.0, float(np.abs(self.expected).max()))
@@ -129,7 +160,9 @@ class Problem:
 
 
 def _dtypes(shim):
-    return [d for d in STORAGE if all(shim.capabilities(op, F.DTYPES[d]).support != ABI.SUPPORT_NONE for op in OPS.values())]
+    return [
+        d for d in STORAGE if all(shim.capabilities(op, F.DTYPES[d]).support != ABI.SUPPORT_NONE for op in OPS.values())
+    ]
 
 
 @pytest.mark.parametrize("shim", _cpu_shims())

@@ -61,8 +61,10 @@ def get_include() -> str:
     for folder in (installed, checkout):
         if os.path.isfile(os.path.join(folder, "flux_dnn", "flux_dnn.h")):
             return os.path.normpath(folder)
-    raise FileNotFoundError(f"flux_dnn/flux_dnn.h is in neither {installed} nor {os.path.normpath(checkout)}: "
-                            "this flux_dnn install is incomplete (reinstall flux-dnn)")
+    raise FileNotFoundError(
+        f"flux_dnn/flux_dnn.h is in neither {installed} nor {os.path.normpath(checkout)}: "
+        "this flux_dnn install is incomplete (reinstall flux-dnn)"
+    )
 
 
 def _default_autotune_path() -> str:

@@ -63,8 +63,11 @@ def _print_device_serving(usable: list) -> None:
     from . import _core
     from ._discovery import DTYPES, flag_names
 
-    order = ", ".join(f"{e.name} (priority {e.priority}, version {e.info['shim_version'] or '?'}, "
-                      f"default flags {flag_names(e.default_flags())})" for e in usable)
+    order = ", ".join(
+        f"{e.name} (priority {e.priority}, version {e.info['shim_version'] or '?'}, "
+        f"default flags {flag_names(e.default_flags())})"
+        for e in usable
+    )
     print(f"  order:    {order}")
     for dtype in DTYPES:
         serving = [e for e in usable if e.computes(dtype)]
@@ -93,19 +96,29 @@ def demo() -> int:
     # Check one output channel against a direct NumPy sum in float64.
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     k = 5
-    ref = sum(np.einsum("nchw,c->nhw", xp[:, :, r:r + 56, s:s + 56], w[k, :, r, s].astype(np.float64))
-              for r in range(3) for s in range(3)) + b[k]
+    ref = (
+        sum(
+            np.einsum("nchw,c->nhw", xp[:, :, r : r + 56, s : s + 56], w[k, :, r, s].astype(np.float64))
+            for r in range(3)
+            for s in range(3)
+        )
+        + b[k]
+    )
     err = np.abs(y[:, k] - np.maximum(ref, 0)).max()
     shim = next(s for s in flux_dnn.shims() if s.device_type == 1)
-    print(f"conv2d 8x64x56x56 * 64x64x3x3 + bias, relu on NumPy arrays via {shim.vendor} "
-          f"{shim.vendor_version_runtime}: output {type(y).__name__} {y.shape} {y.dtype}, "
-          f"{dt * 1e3:.2f} ms, {2 * y.size * 64 * 9 / dt / 1e9:.1f} GFLOP/s, max |error| vs float64 = {err:.2e}")
+    print(
+        f"conv2d 8x64x56x56 * 64x64x3x3 + bias, relu on NumPy arrays via {shim.vendor} "
+        f"{shim.vendor_version_runtime}: output {type(y).__name__} {y.shape} {y.dtype}, "
+        f"{dt * 1e3:.2f} ms, {2 * y.size * 64 * 9 / dt / 1e9:.1f} GFLOP/s, max |error| vs float64 = {err:.2e}"
+    )
     return 0 if err < 1e-3 else 1
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flux_dnn")
-    parser.add_argument("command", choices=["info", "demo"], help="info: list shims; demo: run a convolution on NumPy arrays")
+    parser.add_argument(
+        "command", choices=["info", "demo"], help="info: list shims; demo: run a convolution on NumPy arrays"
+    )
     args = parser.parse_args(argv)
     return {"info": info, "demo": demo}[args.command]()
 

@@ -17,7 +17,9 @@ def _preload_openblas() -> None:
     try:
         import scipy_openblas32
     except ImportError as exc:
-        raise OSError(f"OpenBLAS ({_LIBOPENBLAS}) not found: the scipy-openblas32 wheel is not installed ({exc})") from None
+        raise OSError(
+            f"OpenBLAS ({_LIBOPENBLAS}) not found: the scipy-openblas32 wheel is not installed ({exc})"
+        ) from None
     path = pathlib.Path(scipy_openblas32.get_lib_dir()) / _LIBOPENBLAS
     if not path.exists():
         raise OSError(f"OpenBLAS not found: the scipy-openblas32 wheel has no {path}")

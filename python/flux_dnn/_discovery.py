@@ -22,7 +22,7 @@ import dataclasses
 import importlib.metadata
 import os
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from . import _core
 
@@ -53,15 +53,18 @@ class ShimSpec:
     library: str  #: absolute path of the shim's shared library
     #: loads the vendor libraries the shim links (e.g. by path from a vendor wheel); raises
     #: with a readable reason when they are missing
-    preload: Optional[Callable[[], None]] = None
+    preload: Callable[[], None] | None = None
     install_hint: str = ""  #: what to install when this shim cannot load
 
 
 #: The dtypes of the ABI, by the names array libraries give them.
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 #: The convolution ops of the ABI by name.
-OPS = {"forward": _core.CONV_FORWARD, "backward_data": _core.CONV_BACKWARD_DATA,
-       "backward_weight": _core.CONV_BACKWARD_WEIGHT}
+OPS = {
+    "forward": _core.CONV_FORWARD,
+    "backward_data": _core.CONV_BACKWARD_DATA,
+    "backward_weight": _core.CONV_BACKWARD_WEIGHT,
+}
 SUPPORT_WORDS = {_core.SUPPORT_NATIVE: "native", _core.SUPPORT_CONVERTED: "converted", _core.SUPPORT_NONE: "no"}
 
 
@@ -96,7 +99,7 @@ class ShimStatus:
     dtype_support: dict = dataclasses.field(default_factory=dict)
     #: op name ("forward", ...) -> dtype -> Shim.capabilities(), device 0 (usable shims only)
     capabilities: dict = dataclasses.field(default_factory=dict)
-    reason: Optional[str] = None  #: why it cannot be used here; None when usable
+    reason: str | None = None  #: why it cannot be used here; None when usable
     install_hint: str = ""
 
     @property
@@ -112,13 +115,13 @@ class _Entry:
     """One discovered shim: its spec (or the error that kept us from getting one), and once
     loaded what it reports of itself, asked once and remembered."""
 
-    def __init__(self, name: str, spec: Optional[ShimSpec], reason: Optional[str], path: str = ""):
+    def __init__(self, name: str, spec: ShimSpec | None, reason: str | None, path: str = ""):
         self.name = name
         self.spec = spec
         self.path = spec.library if spec is not None else path  # the library, when known
         self.reason = reason  # why it failed to be found or loaded
         self.shim = None  # _core.Shim once loaded
-        self.info: Optional[dict] = None
+        self.info: dict | None = None
         self.attempted = False
         self._capabilities: dict = {}  # (op, dtype, device_id) -> Shim.capabilities()
         self._devices: dict = {}  # device_id -> Shim.device_info()
@@ -148,7 +151,7 @@ class _Entry:
         """The CONV_* flags a caller without a preference passes on this device."""
         return self.device_info(device_id)["default_flags"]
 
-    def computes(self, dtype: str, device_id: int = 0, op: Optional[int] = None) -> bool:
+    def computes(self, dtype: str, device_id: int = 0, op: int | None = None) -> bool:
         """Whether the shim computes dtype on the device: for op, or for any op when None."""
         if dtype not in DTYPES:
             return False
@@ -162,7 +165,7 @@ class _Entry:
 class Registry:
     def __init__(self):
         self._lock = threading.RLock()
-        self._entries: Optional[list] = None
+        self._entries: list | None = None
         self._explicit = False
 
     # -- discovery ---------------------------------------------------------------------
@@ -203,7 +206,11 @@ class Registry:
                 chosen.append(_Entry(item, None, None, path=item))  # a library path, described at load
             else:
                 known = ", ".join(sorted(by_name)) or "none"
-                chosen.append(_Entry(item, None, f"FLUX_DNN_SHIMS names {item!r}, but no such shim is installed (installed: {known})"))
+                chosen.append(
+                    _Entry(
+                        item, None, f"FLUX_DNN_SHIMS names {item!r}, but no such shim is installed (installed: {known})"
+                    )
+                )
         return chosen
 
     # -- loading -----------------------------------------------------------------------
@@ -263,8 +270,9 @@ class Registry:
                 usable.sort(key=lambda e: -e.priority)  # stable
             return usable, failures
 
-    def candidates(self, device_type: int, dtype: str, device_id: int = 0, argument: str = "x",
-                   op: Optional[int] = None) -> list:
+    def candidates(
+        self, device_type: int, dtype: str, device_id: int = 0, argument: str = "x", op: int | None = None
+    ) -> list:
         """The usable shims for a device type that compute `dtype` on device_id (for `op`, or
         for any op when None), as their capabilities report, in the order they are asked.
         A caller tries them in turn, passing a problem on when plan creation raises
@@ -279,8 +287,14 @@ class Registry:
             raise TypeError(self._dtype_message(device_type, dtype, device_id, argument, usable, failures, op))
         return serving
 
-    def shim_for(self, device_type: int, dtype: Optional[str] = None, device_id: int = 0,
-                 argument: str = "x", op: Optional[int] = None) -> _Entry:
+    def shim_for(
+        self,
+        device_type: int,
+        dtype: str | None = None,
+        device_id: int = 0,
+        argument: str = "x",
+        op: int | None = None,
+    ) -> _Entry:
         """The first of candidates() (the first usable shim when dtype is None)."""
         if dtype is None:
             usable, failures = self.usable_for(device_type)
@@ -307,11 +321,14 @@ class Registry:
         device = device_name(device_type)
         hint = INSTALL_HINTS.get(device_type, "a flux_dnn shim package for that device")
         if not failures:
-            return f"no flux_dnn shim is installed for {device} arrays (DLPack device type {device_type}); to add one: {hint}"
+            return (
+                f"no flux_dnn shim is installed for {device} arrays (DLPack device type {device_type}); "
+                f"to add one: {hint}"
+            )
         lines = [f"no usable flux_dnn shim for {device} arrays (DLPack device type {device_type}):"]
         for e in failures:
             lines.append(f"  shim {e.name!r}: {e.why_not()}")
-            hint = (e.spec.install_hint if e.spec and e.spec.install_hint else hint)
+            hint = e.spec.install_hint if e.spec and e.spec.install_hint else hint
         lines.append(f"  to fix: {hint}")
         return "\n".join(lines)
 
@@ -329,14 +346,21 @@ class Registry:
     def _status(e: _Entry) -> ShimStatus:
         spec, info = e.spec, e.info or {}
         status = ShimStatus(
-            name=e.name, device_type=spec.device_type if spec else info.get("device_type", 0),
-            found=spec is not None or e.shim is not None, loaded=e.shim is not None,
-            vendor=info.get("vendor", ""), vendor_version_built=info.get("vendor_version_built", ""),
+            name=e.name,
+            device_type=spec.device_type if spec else info.get("device_type", 0),
+            found=spec is not None or e.shim is not None,
+            loaded=e.shim is not None,
+            vendor=info.get("vendor", ""),
+            vendor_version_built=info.get("vendor_version_built", ""),
             vendor_version_runtime=info.get("vendor_version_runtime", ""),
-            shim_version=info.get("shim_version", ""), abi=tuple(info.get("abi", ())),
-            priority=info.get("priority", 0), num_devices=info.get("num_devices", 0),
+            shim_version=info.get("shim_version", ""),
+            abi=tuple(info.get("abi", ())),
+            priority=info.get("priority", 0),
+            num_devices=info.get("num_devices", 0),
             path=info.get("path", e.path),
-            reason=e.reason or info.get("unavailable_reason"), install_hint=spec.install_hint if spec else "")
+            reason=e.reason or info.get("unavailable_reason"),
+            install_hint=spec.install_hint if spec else "",
+        )
         if not e.usable:
             return status
         try:  # a shim that fails to describe device 0 is listed with that reason
@@ -347,8 +371,9 @@ class Registry:
             status.reason = f"{type(exc).__name__}: {exc}"
             return status
         forward = status.capabilities["forward"]
-        status.dtype_support = {d: (SUPPORT_WORDS.get(c["support"], f"unknown ({c['support']})"), c["detail"])
-                                for d, c in forward.items()}
+        status.dtype_support = {
+            d: (SUPPORT_WORDS.get(c["support"], f"unknown ({c['support']})"), c["detail"]) for d, c in forward.items()
+        }
         status.dtypes = tuple(d for d, c in forward.items() if c["support"] != _core.SUPPORT_NONE)
         return status
 

@@ -28,12 +28,16 @@ def _preload_onednn() -> None:
     try:
         ctypes.CDLL(_LIBDNNL, mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
-        raise OSError(f"oneDNN ({_LIBDNNL}) not found: the onednn-cpu-gomp==2023.2.0 wheel is not installed ({exc})") from None
+        raise OSError(
+            f"oneDNN ({_LIBDNNL}) not found: the onednn-cpu-gomp==2023.2.0 wheel is not installed ({exc})"
+        ) from None
 
 
 def _not_built() -> None:
-    raise FileNotFoundError("this flux_dnn build has no oneDNN shim (built with FLUX_DNN_BUILD_ONEDNN=OFF, "
-                            "or for a platform without oneDNN wheels); the BLAS shim serves CPU arrays")
+    raise FileNotFoundError(
+        "this flux_dnn build has no oneDNN shim (built with FLUX_DNN_BUILD_ONEDNN=OFF, "
+        "or for a platform without oneDNN wheels); the BLAS shim serves CPU arrays"
+    )
 
 
 def shim_spec() -> ShimSpec:

@@ -258,9 +258,15 @@ def _run(op, geo, out_shape, dtype, a, b):
     # by the core as flux_dnn.conv resolves it); then ruff may format it.
     if _use_ffi():
         i64 = functools.partial(np.asarray, dtype=np.int64)
-        attrs = dict(op=np.int64(op), stride=i64(geo.stride), padding_lo=i64(geo.lo), padding_hi=i64(geo.hi),
-                     dilation=i64(geo.dilation), groups=np.int64(geo.groups),
-                     flags=np.int64(-1))  # -1: the device's default flags, as flux_dnn.conv uses
+        attrs = dict(
+            op=np.int64(op),
+            stride=i64(geo.stride),
+            padding_lo=i64(geo.lo),
+            padding_hi=i64(geo.hi),
+            dilation=i64(geo.dilation),
+            groups=np.int64(geo.groups),
+            flags=np.int64(-1),
+        )  # -1: the device's default flags, as flux_dnn.conv uses
         return _ffi_run(out, a, b, attrs)
     # Traced arrays: judged by the default platform (jit's choice for uncommitted arrays).
     if (_platform(a, b) or _default_platform()) != "cpu":

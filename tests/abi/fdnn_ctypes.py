@@ -37,13 +37,17 @@ class Constants:
     def group(self, prefix: str) -> dict:
         """{suffix: value} of the integer constants FDNN_<prefix>*, e.g. group("ACTIVATION_")."""
         start = "FDNN_" + prefix
-        return {k[len(start):]: v for k, v in self.values.items() if k.startswith(start) and isinstance(v, int)}
+        return {k[len(start) :]: v for k, v in self.values.items() if k.startswith(start) and isinstance(v, int)}
 
 
 ABI = Constants(_core.ABI_CONSTANTS)
 ERROR_NAMES = {v: k for k, v in ABI.group("ERROR_").items()}
-DTYPES = {"float64": (ABI.DTYPE_FLOAT, 64), "float32": (ABI.DTYPE_FLOAT, 32),
-          "float16": (ABI.DTYPE_FLOAT, 16), "bfloat16": (ABI.DTYPE_BFLOAT, 16)}
+DTYPES = {
+    "float64": (ABI.DTYPE_FLOAT, 64),
+    "float32": (ABI.DTYPE_FLOAT, 32),
+    "float16": (ABI.DTYPE_FLOAT, 16),
+    "bfloat16": (ABI.DTYPE_BFLOAT, 16),
+}
 
 
 def flux_dnn_version() -> str:
@@ -59,8 +63,7 @@ class ExtensionBase(C.Structure):
     pass
 
 
-ExtensionBase._fields_ = [("struct_size", C.c_size_t), ("type", C.c_int32),
-                          ("next", C.POINTER(ExtensionBase))]
+ExtensionBase._fields_ = [("struct_size", C.c_size_t), ("type", C.c_int32), ("next", C.POINTER(ExtensionBase))]
 EXT = ("extension_start", C.POINTER(ExtensionBase))
 
 
@@ -69,8 +72,14 @@ class ErrorDestroyArgs(C.Structure):
 
 
 class ErrorDescribeArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), EXT, ("error", C.c_void_p), ("code", C.c_int32),
-                ("message", C.c_void_p), ("message_size", C.c_size_t)]
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        EXT,
+        ("error", C.c_void_p),
+        ("code", C.c_int32),
+        ("message", C.c_void_p),
+        ("message_size", C.c_size_t),
+    ]
 
 
 class DLDevice(C.Structure):
@@ -82,49 +91,107 @@ class DLDataType(C.Structure):
 
 
 class DLTensor(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("device", DLDevice), ("ndim", C.c_int32),
-                ("dtype", DLDataType), ("shape", C.POINTER(C.c_int64)),
-                ("strides", C.POINTER(C.c_int64)), ("byte_offset", C.c_uint64)]
+    _fields_ = [
+        ("data", C.c_void_p),
+        ("device", DLDevice),
+        ("ndim", C.c_int32),
+        ("dtype", DLDataType),
+        ("shape", C.POINTER(C.c_int64)),
+        ("strides", C.POINTER(C.c_int64)),
+        ("byte_offset", C.c_uint64),
+    ]
 
 
 class ShimInfoArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), EXT, ("shim_name", C.c_char_p), ("vendor_name", C.c_char_p),
-                ("vendor_version_built", C.c_char_p), ("vendor_version_runtime", C.c_char_p),
-                ("shim_version", C.c_char_p), ("device_type", C.c_int32), ("num_devices", C.c_int32),
-                ("priority", C.c_int32), ("unavailable_reason", C.c_char_p)]
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        EXT,
+        ("shim_name", C.c_char_p),
+        ("vendor_name", C.c_char_p),
+        ("vendor_version_built", C.c_char_p),
+        ("vendor_version_runtime", C.c_char_p),
+        ("shim_version", C.c_char_p),
+        ("device_type", C.c_int32),
+        ("num_devices", C.c_int32),
+        ("priority", C.c_int32),
+        ("unavailable_reason", C.c_char_p),
+    ]
 
 
 class DeviceDescribeArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), EXT, ("device_id", C.c_int32), ("default_flags", C.c_uint32),
-                ("name", C.c_char_p)]
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        EXT,
+        ("device_id", C.c_int32),
+        ("default_flags", C.c_uint32),
+        ("name", C.c_char_p),
+    ]
 
 
 class ConvCapabilitiesArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), EXT, ("device_id", C.c_int32), ("op", C.c_int32),
-                ("dtype", DLDataType), ("support", C.c_int32), ("spatial_ranks", C.c_uint32),
-                ("activations", C.c_uint32), ("features", C.c_uint32), ("detail", C.c_char_p)]
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        EXT,
+        ("device_id", C.c_int32),
+        ("op", C.c_int32),
+        ("dtype", DLDataType),
+        ("support", C.c_int32),
+        ("spatial_ranks", C.c_uint32),
+        ("activations", C.c_uint32),
+        ("features", C.c_uint32),
+        ("detail", C.c_char_p),
+    ]
 
 
 I64xN = C.c_int64 * ABI.MAX_SPATIAL_DIMS
 
 
 class ConvPlanCreateArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), EXT, ("op", C.c_int32), ("spatial_rank", C.c_int32),
-                ("x", C.POINTER(DLTensor)), ("w", C.POINTER(DLTensor)), ("y", C.POINTER(DLTensor)),
-                ("bias", C.POINTER(DLTensor)), ("stride", I64xN), ("dilation", I64xN),
-                ("padding_lo", I64xN), ("padding_hi", I64xN), ("groups", C.c_int64),
-                ("alpha", C.c_float), ("beta", C.c_float), ("activation", C.c_int32),
-                ("activation_alpha", C.c_float), ("activation_beta", C.c_float),
-                ("compute_type", DLDataType), ("flags", C.c_uint32), ("algo_policy", C.c_int32),
-                ("algo_id", C.c_int64), ("workspace_limit", C.c_size_t), ("stream", C.c_void_p),
-                ("plan", C.c_void_p), ("workspace_size", C.c_size_t), ("chosen_algo_id", C.c_int64),
-                ("algo_name", C.c_char_p)]
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        EXT,
+        ("op", C.c_int32),
+        ("spatial_rank", C.c_int32),
+        ("x", C.POINTER(DLTensor)),
+        ("w", C.POINTER(DLTensor)),
+        ("y", C.POINTER(DLTensor)),
+        ("bias", C.POINTER(DLTensor)),
+        ("stride", I64xN),
+        ("dilation", I64xN),
+        ("padding_lo", I64xN),
+        ("padding_hi", I64xN),
+        ("groups", C.c_int64),
+        ("alpha", C.c_float),
+        ("beta", C.c_float),
+        ("activation", C.c_int32),
+        ("activation_alpha", C.c_float),
+        ("activation_beta", C.c_float),
+        ("compute_type", DLDataType),
+        ("flags", C.c_uint32),
+        ("algo_policy", C.c_int32),
+        ("algo_id", C.c_int64),
+        ("workspace_limit", C.c_size_t),
+        ("stream", C.c_void_p),
+        ("plan", C.c_void_p),
+        ("workspace_size", C.c_size_t),
+        ("chosen_algo_id", C.c_int64),
+        ("algo_name", C.c_char_p),
+    ]
 
 
 class ConvPlanExecuteArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), EXT, ("plan", C.c_void_p), ("x", C.c_void_p),
-                ("w", C.c_void_p), ("y", C.c_void_p), ("bias", C.c_void_p), ("workspace", C.c_void_p),
-                ("workspace_size", C.c_size_t), ("stream", C.c_void_p)]
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        EXT,
+        ("plan", C.c_void_p),
+        ("x", C.c_void_p),
+        ("w", C.c_void_p),
+        ("y", C.c_void_p),
+        ("bias", C.c_void_p),
+        ("workspace", C.c_void_p),
+        ("workspace_size", C.c_size_t),
+        ("stream", C.c_void_p),
+    ]
 
 
 class PlanDestroyArgs(C.Structure):
@@ -132,8 +199,15 @@ class PlanDestroyArgs(C.Structure):
 
 
 class ConvPlanPackWeightsArgs(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), EXT, ("plan", C.c_void_p), ("w", C.c_void_p),
-                ("stream", C.c_void_p), ("packed_plan", C.c_void_p), ("workspace_size", C.c_size_t)]
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        EXT,
+        ("plan", C.c_void_p),
+        ("w", C.c_void_p),
+        ("stream", C.c_void_p),
+        ("packed_plan", C.c_void_p),
+        ("workspace_size", C.c_size_t),
+    ]
 
 
 # The table: struct_size and the version first (as in every version), extension_start, then
@@ -150,19 +224,32 @@ class Api(C.Structure):
 
 
 # Header typedef -> mirror.
-MIRRORS = {"FDNN_Extension_Base": ExtensionBase, "FDNN_Error_Destroy_Args": ErrorDestroyArgs,
-           "FDNN_Error_Describe_Args": ErrorDescribeArgs, "FDNN_DLDevice": DLDevice,
-           "FDNN_DLDataType": DLDataType, "FDNN_DLTensor": DLTensor, "FDNN_Shim_Info_Args": ShimInfoArgs,
-           "FDNN_Device_Describe_Args": DeviceDescribeArgs, "FDNN_Conv_Capabilities_Args": ConvCapabilitiesArgs,
-           "FDNN_Conv_Plan_Create_Args": ConvPlanCreateArgs, "FDNN_Conv_Plan_Execute_Args": ConvPlanExecuteArgs,
-           "FDNN_Plan_Destroy_Args": PlanDestroyArgs,
-           "FDNN_Conv_Plan_Pack_Weights_Args": ConvPlanPackWeightsArgs, "FDNN_Api": Api}
+MIRRORS = {
+    "FDNN_Extension_Base": ExtensionBase,
+    "FDNN_Error_Destroy_Args": ErrorDestroyArgs,
+    "FDNN_Error_Describe_Args": ErrorDescribeArgs,
+    "FDNN_DLDevice": DLDevice,
+    "FDNN_DLDataType": DLDataType,
+    "FDNN_DLTensor": DLTensor,
+    "FDNN_Shim_Info_Args": ShimInfoArgs,
+    "FDNN_Device_Describe_Args": DeviceDescribeArgs,
+    "FDNN_Conv_Capabilities_Args": ConvCapabilitiesArgs,
+    "FDNN_Conv_Plan_Create_Args": ConvPlanCreateArgs,
+    "FDNN_Conv_Plan_Execute_Args": ConvPlanExecuteArgs,
+    "FDNN_Plan_Destroy_Args": PlanDestroyArgs,
+    "FDNN_Conv_Plan_Pack_Weights_Args": ConvPlanPackWeightsArgs,
+    "FDNN_Api": Api,
+}
 # The args struct of each table function: those that return an FDNN_Error*, and the void ones.
-ARGS_OF = {"Shim_Info": ShimInfoArgs, "Device_Describe": DeviceDescribeArgs,
-           "Conv_Capabilities": ConvCapabilitiesArgs, "Conv_Plan_Create": ConvPlanCreateArgs,
-           "Conv_Plan_Execute": ConvPlanExecuteArgs, "Conv_Plan_Pack_Weights": ConvPlanPackWeightsArgs}
-VOID_ARGS_OF = {"Error_Destroy": ErrorDestroyArgs, "Error_Describe": ErrorDescribeArgs,
-                "Plan_Destroy": PlanDestroyArgs}
+ARGS_OF = {
+    "Shim_Info": ShimInfoArgs,
+    "Device_Describe": DeviceDescribeArgs,
+    "Conv_Capabilities": ConvCapabilitiesArgs,
+    "Conv_Plan_Create": ConvPlanCreateArgs,
+    "Conv_Plan_Execute": ConvPlanExecuteArgs,
+    "Conv_Plan_Pack_Weights": ConvPlanPackWeightsArgs,
+}
+VOID_ARGS_OF = {"Error_Destroy": ErrorDestroyArgs, "Error_Describe": ErrorDescribeArgs, "Plan_Destroy": PlanDestroyArgs}
 
 
 def struct_size(cls) -> int:
@@ -218,8 +305,10 @@ class Shim:
         # As a caller must: the version first (at the same place in every version), and no
         # call into a table of another major, whose structs differ.
         if self.api.abi_major != ABI.ABI_MAJOR:
-            raise OSError(f"{path} has ABI {self.api.abi_major}.{self.api.abi_minor}; this mirror is of "
-                          f"ABI {ABI.ABI_MAJOR}.{ABI.ABI_MINOR}")
+            raise OSError(
+                f"{path} has ABI {self.api.abi_major}.{self.api.abi_minor}; this mirror is of "
+                f"ABI {ABI.ABI_MAJOR}.{ABI.ABI_MINOR}"
+            )
 
     def function(self, name: str, returns_error: bool = True):
         return C.CFUNCTYPE(C.c_void_p if returns_error else None, C.c_void_p)(getattr(self.api, name))
@@ -297,15 +386,32 @@ def tensor(shape, dtype=DTYPES["float32"], device=(ABI.DEVICE_CUDA, 0), strides=
         strides, acc = [0] * n, 1
         for i in reversed(range(n)):
             strides[i], acc = acc, acc * shape[i]
-    t = DLTensor(data=data, device=DLDevice(*device), ndim=n, dtype=DLDataType(dtype[0], dtype[1], 1),
-                 shape=(C.c_int64 * n)(*shape), strides=(C.c_int64 * n)(*strides), byte_offset=0)
+    t = DLTensor(
+        data=data,
+        device=DLDevice(*device),
+        ndim=n,
+        dtype=DLDataType(dtype[0], dtype[1], 1),
+        shape=(C.c_int64 * n)(*shape),
+        strides=(C.c_int64 * n)(*strides),
+        byte_offset=0,
+    )
     return t
 
 
 def conv_args(x, w, y, *, op=0, rank=2, stride=1, padding=0, groups=1, bias=None) -> ConvPlanCreateArgs:
-    args = new(ConvPlanCreateArgs, op=op, spatial_rank=rank, x=C.pointer(x), w=C.pointer(w), y=C.pointer(y),
-               bias=C.pointer(bias if bias is not None else DLTensor(ndim=0)), groups=groups, alpha=1.0,
-               beta=0.0, workspace_limit=C.c_size_t(-1).value)
+    args = new(
+        ConvPlanCreateArgs,
+        op=op,
+        spatial_rank=rank,
+        x=C.pointer(x),
+        w=C.pointer(w),
+        y=C.pointer(y),
+        bias=C.pointer(bias if bias is not None else DLTensor(ndim=0)),
+        groups=groups,
+        alpha=1.0,
+        beta=0.0,
+        workspace_limit=C.c_size_t(-1).value,
+    )
     for i in range(rank):
         args.stride[i], args.dilation[i] = stride, 1
         args.padding_lo[i] = args.padding_hi[i] = padding

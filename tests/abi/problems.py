@@ -14,8 +14,11 @@ from . import fdnn_ctypes as F
 from .fdnn_ctypes import ABI
 
 ACTIVATIONS = {name.lower(): value for name, value in ABI.group("ACTIVATION_").items()}
-OPS = {"forward": ABI.CONV_FORWARD, "backward_data": ABI.CONV_BACKWARD_DATA,
-       "backward_weight": ABI.CONV_BACKWARD_WEIGHT}
+OPS = {
+    "forward": ABI.CONV_FORWARD,
+    "backward_data": ABI.CONV_BACKWARD_DATA,
+    "backward_weight": ABI.CONV_BACKWARD_WEIGHT,
+}
 NUMPY = {"float64": np.float64, "float32": np.float32, "float16": np.float16}
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
@@ -24,9 +27,28 @@ class Problem:
     """One small convolution with NumPy arrays for every operand (data pointers at plan time
     on CPU shims; descriptors only elsewhere), NaN-poisoned output, and its reference."""
 
-    def __init__(self, shim, *, op="forward", dtype="float32", rank=2, groups=1, dilation=1, stride=1,
-                 lo=1, hi=1, bias=False, alpha=1.0, beta=0.0, activation="none", act_a=0.0, act_b=0.0,
-                 flags=0, policy=0, seed=0):
+    def __init__(
+        self,
+        shim,
+        *,
+        op="forward",
+        dtype="float32",
+        rank=2,
+        groups=1,
+        dilation=1,
+        stride=1,
+        lo=1,
+        hi=1,
+        bias=False,
+        alpha=1.0,
+        beta=0.0,
+        activation="none",
+        act_a=0.0,
+        act_b=0.0,
+        flags=0,
+        policy=0,
+        seed=0,
+    ):
         info = shim.info()
         self.cpu = info.device_type == ABI.DEVICE_CPU
         self.device = (info.device_type, 0)
@@ -35,12 +57,15 @@ class Problem:
         C_, K = 2 * groups, 3 * groups
         sp = (7, 6, 5)[:rank]
         ks = (3, 2, 3)[:rank]
-        self.geo = dict(stride=(stride,) * rank, dilation=(dilation,) * rank, lo=(lo,) * rank, hi=(hi,) * rank,
-                        groups=groups)
+        self.geo = dict(
+            stride=(stride,) * rank, dilation=(dilation,) * rank, lo=(lo,) * rank, hi=(hi,) * rank, groups=groups
+        )
         osp = tuple(ref.out_size(sp[i], ks[i], stride, dilation, lo, hi) for i in range(rank))
         # Quarters in [-1, 1]: exact in every dtype, so 16-bit results differ by one rounding.
-        self.values = {name: rng.integers(-4, 5, size=shape) / 4.0 for name, shape in
-                       (("x", (2, C_, *sp)), ("w", (K, C_ // groups, *ks)), ("y", (2, K, *osp)), ("bias", (K,)))}
+        self.values = {
+            name: rng.integers(-4, 5, size=shape) / 4.0
+            for name, shape in (("x", (2, C_, *sp)), ("w", (K, C_ // groups, *ks)), ("y", (2, K, *osp)), ("bias", (K,)))
+        }
         if not bias:
             del self.values["bias"]
         storage = NUMPY.get(dtype, np.uint16)
@@ -52,13 +77,24 @@ class Problem:
                 self.arrays[name][...] = self._store(np.full(self.arrays[name].shape, np.nan), storage)
         code, bits = F.DTYPES[dtype]
         keep = []
-        descriptors = {name: self._descriptor(self.arrays.get(name), (code, bits), keep)
-                       for name in ("x", "w", "y", "bias")}
-        self.args = F.new(F.ConvPlanCreateArgs, op=self.op, spatial_rank=rank, groups=groups, alpha=alpha,
-                          beta=beta, activation=ACTIVATIONS[activation], activation_alpha=act_a,
-                          activation_beta=act_b, flags=flags, algo_policy=policy,
-                          workspace_limit=C.c_size_t(-1).value,
-                          **{name: C.pointer(d) for name, d in descriptors.items()})
+        descriptors = {
+            name: self._descriptor(self.arrays.get(name), (code, bits), keep) for name in ("x", "w", "y", "bias")
+        }
+        self.args = F.new(
+            F.ConvPlanCreateArgs,
+            op=self.op,
+            spatial_rank=rank,
+            groups=groups,
+            alpha=alpha,
+            beta=beta,
+            activation=ACTIVATIONS[activation],
+            activation_alpha=act_a,
+            activation_beta=act_b,
+            flags=flags,
+            algo_policy=policy,
+            workspace_limit=C.c_size_t(-1).value,
+            **{name: C.pointer(d) for name, d in descriptors.items()},
+        )
         for i in range(rank):
             self.args.stride[i], self.args.dilation[i] = stride, dilation
             self.args.padding_lo[i], self.args.padding_hi[i] = lo, hi
@@ -78,16 +114,27 @@ class Problem:
         shape = (C.c_int64 * a.ndim)(*a.shape)
         strides = (C.c_int64 * a.ndim)(*[s // a.itemsize for s in a.strides])
         keep += [shape, strides]
-        return F.DLTensor(data=a.ctypes.data if self.cpu else None, device=F.DLDevice(*self.device), ndim=a.ndim,
-                          dtype=F.DLDataType(dtype[0], dtype[1], 1), shape=shape, strides=strides)
+        return F.DLTensor(
+            data=a.ctypes.data if self.cpu else None,
+            device=F.DLDevice(*self.device),
+            ndim=a.ndim,
+            dtype=F.DLDataType(dtype[0], dtype[1], 1),
+            shape=shape,
+            strides=strides,
+        )
 
     def execute_args(self, plan, workspace_size, **pointers):
         raw = np.empty(workspace_size + 64, np.uint8)
         ws = raw.ctypes.data + (-raw.ctypes.data) % 64
         fields = {name: a.ctypes.data for name, a in self.arrays.items()}
         fields.update(pointers)
-        args = F.new(F.ConvPlanExecuteArgs, plan=plan, workspace=ws if workspace_size else None,
-                     workspace_size=workspace_size, **fields)
+        args = F.new(
+            F.ConvPlanExecuteArgs,
+            plan=plan,
+            workspace=ws if workspace_size else None,
+            workspace_size=workspace_size,
+            **fields,
+        )
         args._keep = raw
         return args
 
@@ -119,11 +166,16 @@ class Problem:
 
 
 def _activation_ref(v, name, a, b):
-    return {"relu": lambda: np.maximum(v, 0), "leaky_relu": lambda: np.where(v >= 0, v, a * v),
-            "clip": lambda: np.clip(v, a, b), "sigmoid": lambda: 1 / (1 + np.exp(-v)), "tanh": lambda: np.tanh(v),
-            "gelu_tanh": lambda: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))),
-            "gelu_erf": lambda: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
-            "silu": lambda: v / (1 + np.exp(-v))}[name]()
+    return {
+        "relu": lambda: np.maximum(v, 0),
+        "leaky_relu": lambda: np.where(v >= 0, v, a * v),
+        "clip": lambda: np.clip(v, a, b),
+        "sigmoid": lambda: 1 / (1 + np.exp(-v)),
+        "tanh": lambda: np.tanh(v),
+        "gelu_tanh": lambda: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))),
+        "gelu_erf": lambda: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
+        "silu": lambda: v / (1 + np.exp(-v)),
+    }[name]()
 
 
 def plan(shim, problem):
@@ -149,5 +201,6 @@ def check_result(problem):
     if problem.writes_bias:
         checks.append(("bias", problem.bias_gradient_expected()))
     for name, expected in checks:
-        np.testing.assert_allclose(problem.result(name), expected, rtol=tol,
-                                   atol=tol * max(1.0, np.abs(expected).max()), err_msg=name)
+        np.testing.assert_allclose(
+            problem.result(name), expected, rtol=tol, atol=tol * max(1.0, np.abs(expected).max()), err_msg=name
+        )

@@ -21,7 +21,7 @@ import pathlib
 import re
 import shutil
 import subprocess
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import pytest
 
@@ -43,7 +43,7 @@ class ShimSource:
     name: str
     origin: str  #: in words: "entry point flux_dnn._onednn:shim_spec", "FLUX_DNN_BLAS_SHIM", ...
     library: str = ""  #: its path; "" for a fake not built yet
-    preload: Optional[Callable[[], None]] = None  #: the entry point's preload of vendor libraries
+    preload: Callable[[], None] | None = None  #: the entry point's preload of vendor libraries
     defines: tuple = ()  #: a fake: the -D options it is built with
     missing: str = ""  #: why there is no library to test, when there is none
 
@@ -65,11 +65,20 @@ def _registered() -> list:
 
 
 def _fakes() -> list:
-    common = ("FAKE_COMPLETE", f'FAKE_SHIM_VERSION="{_core.__version__}"',
-              "FAKE_PRIORITY=FDNN_PRIORITY_PORTABLE", "FAKE_DEFAULT_FLAGS=0")
-    return [ShimSource("fake", "tests/fake_shim.c", defines=common + ('FAKE_NAME="fake"',)),
-            ShimSource("fake_unavailable", "tests/fake_shim.c", defines=common + (
-                'FAKE_NAME="fake_unavailable"', 'FAKE_UNAVAILABLE="a fake with no device"'))]
+    common = (
+        "FAKE_COMPLETE",
+        f'FAKE_SHIM_VERSION="{_core.__version__}"',
+        "FAKE_PRIORITY=FDNN_PRIORITY_PORTABLE",
+        "FAKE_DEFAULT_FLAGS=0",
+    )
+    return [
+        ShimSource("fake", "tests/fake_shim.c", defines=common + ('FAKE_NAME="fake"',)),
+        ShimSource(
+            "fake_unavailable",
+            "tests/fake_shim.c",
+            defines=common + ('FAKE_NAME="fake_unavailable"', 'FAKE_UNAVAILABLE="a fake with no device"'),
+        ),
+    ]
 
 
 def shim_sources() -> dict:
@@ -80,8 +89,13 @@ def shim_sources() -> dict:
         if m and value:
             name = m.group(1).lower()
             registered = found.get(name)
-            found[name] = ShimSource(name, key, value, registered.preload if registered else None,
-                                     missing="" if os.path.exists(value) else f"{key}={value} does not exist")
+            found[name] = ShimSource(
+                name,
+                key,
+                value,
+                registered.preload if registered else None,
+                missing="" if os.path.exists(value) else f"{key}={value} does not exist",
+            )
     for fake in _fakes():
         found[fake.name] = fake
     return found
@@ -97,12 +111,27 @@ def compile_fake(directory: pathlib.Path, name: str, *defines: str) -> str:
     if cc is None:
         pytest.skip("no C compiler here to build tests/fake_shim.c")
     library = directory / f"lib{name}.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{INCLUDE_DIR}",
-                    *(f"-D{d}" for d in defines), str(FAKE_SOURCE), "-o", str(library)], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{INCLUDE_DIR}",
+            *(f"-D{d}" for d in defines),
+            str(FAKE_SOURCE),
+            "-o",
+            str(library),
+        ],
+        check=True,
+    )
     return str(library)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _opened(name: str, build_dir: pathlib.Path) -> F.Shim:
     source = SOURCES[name]
     library = source.library or compile_fake(build_dir, name, *source.defines)
@@ -120,8 +149,10 @@ def open_shim(name: str, tmp_path_factory) -> F.Shim:
     """The shim `name` of SOURCES, opened once per session; skips when it has no library."""
     source = SOURCES.get(name)
     if source is None:
-        pytest.skip(f"no shim {name!r} here (installed: {', '.join(sorted(SOURCES))}; or set "
-                    f"FLUX_DNN_{name.upper()}_SHIM to its library)")
+        pytest.skip(
+            f"no shim {name!r} here (installed: {', '.join(sorted(SOURCES))}; or set "
+            f"FLUX_DNN_{name.upper()}_SHIM to its library)"
+        )
     if source.missing:
         pytest.skip(f"shim {name} ({source.origin}): {source.missing}")
     return _opened(name, tmp_path_factory.getbasetemp())

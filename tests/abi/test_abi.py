@@ -108,16 +108,23 @@ def test_header_compiles_with_the_layout_core_has(tmp_path, std):
         if layout["struct_size"] is not None:
             lines.append(f'  printf("{name} struct_size %zu\\n", (size_t){name}_STRUCT_SIZE);\n')
     source = tmp_path / "sizes.c"
-    source.write_text('#include <stdio.h>\n#include "flux_dnn/flux_dnn.h"\nint main(void) {\n'
-                      + "".join(lines) + "  return 0;\n}\n")
+    source.write_text(
+        '#include <stdio.h>\n#include "flux_dnn/flux_dnn.h"\nint main(void) {\n' + "".join(lines) + "  return 0;\n}\n"
+    )
     exe = tmp_path / "sizes"
-    subprocess.run(compiler + [f"-std={std}", "-Wall", "-Wextra", "-pedantic", "-Werror",
-                               f"-I{INCLUDE_DIR}", str(source), "-o", str(exe)],
-                   check=True)
+    subprocess.run(
+        compiler
+        + [f"-std={std}", "-Wall", "-Wextra", "-pedantic", "-Werror", f"-I{INCLUDE_DIR}", str(source), "-o", str(exe)],
+        check=True,
+    )
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
     compiled = {(name, what): int(value) for name, what, value in (line.split() for line in out)}
-    expected = {(name, what): layout[what] for name, layout in F.LAYOUT.items()
-                for what in ("sizeof", "struct_size") if layout[what] is not None}
+    expected = {
+        (name, what): layout[what]
+        for name, layout in F.LAYOUT.items()
+        for what in ("sizeof", "struct_size")
+        if layout[what] is not None
+    }
     assert compiled == expected
 
 
@@ -125,11 +132,14 @@ def test_header_compiles_with_the_layout_core_has(tmp_path, std):
 def test_a_table_of_another_major_is_refused(tmp_path, major):
     """The fake shim built with another abi_major: the core refuses it with an error naming
     both versions, and so does this suite's own loader (a caller reads the version first)."""
-    library = compile_fake(tmp_path, f"major{major}", "FAKE_COMPLETE", f"FAKE_ABI_MAJOR={major}",
-                           f'FAKE_NAME="major{major}"')
-    with pytest.raises(flux_dnn.ShimLoadError,
-                       match=rf"built for flux_dnn ABI {major}\.{ABI.ABI_MINOR}, but this flux_dnn core speaks "
-                             rf"ABI {ABI.ABI_MAJOR}\.{ABI.ABI_MINOR}"):
+    library = compile_fake(
+        tmp_path, f"major{major}", "FAKE_COMPLETE", f"FAKE_ABI_MAJOR={major}", f'FAKE_NAME="major{major}"'
+    )
+    with pytest.raises(
+        flux_dnn.ShimLoadError,
+        match=rf"built for flux_dnn ABI {major}\.{ABI.ABI_MINOR}, but this flux_dnn core speaks "
+        rf"ABI {ABI.ABI_MAJOR}\.{ABI.ABI_MINOR}",
+    ):
         _core.load_shim(library)
     with pytest.raises(OSError, match=rf"has ABI {major}\."):
         F.Shim(library)
@@ -185,9 +195,21 @@ def test_the_core_loads_it_and_reads_the_same(shim):
     info = shim.info()
     core = _core.load_shim(shim.path).info()
     reason = info.unavailable_reason.decode() if info.unavailable_reason is not None else None
-    assert (core["name"], core["priority"], core["device_type"], core["num_devices"], core["unavailable_reason"],
-            core["shim_version"]) == (info.shim_name.decode(), info.priority, info.device_type, info.num_devices,
-                                      reason, info.shim_version.decode())
+    assert (
+        core["name"],
+        core["priority"],
+        core["device_type"],
+        core["num_devices"],
+        core["unavailable_reason"],
+        core["shim_version"],
+    ) == (
+        info.shim_name.decode(),
+        info.priority,
+        info.device_type,
+        info.num_devices,
+        reason,
+        info.shim_version.decode(),
+    )
 
 
 def test_info_from_many_threads_at_once(shim):
@@ -275,8 +297,7 @@ def _with_struct_size(args, size):
     return copy
 
 
-SMALLER = {"last_field_missing": lambda cls: getattr(cls, cls._fields_[-1][0]).offset,
-           "zero": lambda cls: 0}
+SMALLER = {"last_field_missing": lambda cls: getattr(cls, cls._fields_[-1][0]).offset, "zero": lambda cls: 0}
 
 
 @pytest.mark.parametrize("size", sorted(SMALLER))
@@ -312,11 +333,12 @@ def _newer(args):
     return newer
 
 
-OUT_FIELDS = {"Shim_Info": ("shim_name", "shim_version", "device_type", "num_devices", "priority",
-                            "unavailable_reason"),
-              "Device_Describe": ("default_flags", "name"),
-              "Conv_Capabilities": ("support", "spatial_ranks", "activations", "features", "detail"),
-              "Conv_Plan_Create": ("workspace_size",)}
+OUT_FIELDS = {
+    "Shim_Info": ("shim_name", "shim_version", "device_type", "num_devices", "priority", "unavailable_reason"),
+    "Device_Describe": ("default_flags", "name"),
+    "Conv_Capabilities": ("support", "spatial_ranks", "activations", "features", "detail"),
+    "Conv_Plan_Create": ("workspace_size",),
+}
 
 
 @pytest.mark.parametrize("function", sorted(F.ARGS_OF))
@@ -365,8 +387,11 @@ def test_a_newer_callers_struct_for_the_void_functions(shim, function):
     shim.call_void("Error_Describe", described)
     shim.call_void("Error_Describe", newer)
     shim.call_void("Error_Destroy", F.new(F.ErrorDestroyArgs, error=error))
-    assert (newer.code, newer.message, newer.message_size) == (described.code, described.message,
-                                                               described.message_size)
+    assert (newer.code, newer.message, newer.message_size) == (
+        described.code,
+        described.message,
+        described.message_size,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,8 +418,9 @@ def test_execute_and_pack_of_a_null_plan_are_refused(shim):
     error = shim.call("Conv_Plan_Execute", p.execute_args(None, 0))
     assert error is not None and error[0] == "INVALID_ARGUMENT" and "plan" in error[1], error
     if shim.api.Conv_Plan_Pack_Weights:
-        error = shim.call("Conv_Plan_Pack_Weights", F.new(F.ConvPlanPackWeightsArgs, plan=None,
-                                                          w=p.arrays["w"].ctypes.data))
+        error = shim.call(
+            "Conv_Plan_Pack_Weights", F.new(F.ConvPlanPackWeightsArgs, plan=None, w=p.arrays["w"].ctypes.data)
+        )
         assert error is not None and error[0] == "INVALID_ARGUMENT" and "plan" in error[1], error
 
 
@@ -446,8 +472,9 @@ def test_capabilities_of_an_op_out_of_range_are_refused(shim, op):
 @pytest.mark.parametrize("device_id", ["num_devices", -1])
 def test_capabilities_of_a_device_out_of_range_are_refused(shim, device_id):
     info = usable(shim)
-    error = shim.capabilities(ABI.CONV_FORWARD, F.DTYPES["float32"],
-                              device_id=info.num_devices if device_id == "num_devices" else device_id)
+    error = shim.capabilities(
+        ABI.CONV_FORWARD, F.DTYPES["float32"], device_id=info.num_devices if device_id == "num_devices" else device_id
+    )
     assert isinstance(error, tuple) and error[0] == "INVALID_ARGUMENT", error
 
 
@@ -588,24 +615,38 @@ def _sampled_problem(index: int) -> dict:
         return values[rng.integers(len(values))]
 
     op = pick(*OPS)
-    return dict(op=op, dtype=pick(*F.DTYPES), rank=pick(1, 2, 3), groups=pick(1, 2), dilation=pick(1, 1, 2),
-                stride=pick(1, 2), alpha=pick(1.0, 1.0, 0.5), beta=pick(0.0, 0.0, 0.25),
-                activation=pick("none", *ACTIVATIONS) if op == "forward" else "none",
-                bias=op != "backward_data" and pick(False, True),
-                flags=pick(0, 0, ABI.CONV_DETERMINISTIC), seed=index)
+    return dict(
+        op=op,
+        dtype=pick(*F.DTYPES),
+        rank=pick(1, 2, 3),
+        groups=pick(1, 2),
+        dilation=pick(1, 1, 2),
+        stride=pick(1, 2),
+        alpha=pick(1.0, 1.0, 0.5),
+        beta=pick(0.0, 0.0, 0.25),
+        activation=pick("none", *ACTIVATIONS) if op == "forward" else "none",
+        bias=op != "backward_data" and pick(False, True),
+        flags=pick(0, 0, ABI.CONV_DETERMINISTIC),
+        seed=index,
+    )
 
 
 def _covered(caps, kw) -> bool:
     """Whether capabilities cover a problem: what plan creation must then accept."""
     if caps.support == ABI.SUPPORT_NONE:
         return False
-    asks = {"GROUPS": kw["groups"] > 1, "DILATION": kw["dilation"] > 1,
-            "ALPHA_BETA": kw["alpha"] != 1 or kw["beta"] != 0,
-            "BIAS_GRADIENT": kw["op"] == "backward_weight" and kw["bias"],
-            "DETERMINISTIC": bool(kw["flags"] & ABI.CONV_DETERMINISTIC)}
-    return (bool(caps.spatial_ranks & (1 << kw["rank"]))
-            and bool(caps.activations & (1 << ACTIVATIONS[kw["activation"]]))
-            and all(caps.features & FEATURES[name] for name, asked in asks.items() if asked))
+    asks = {
+        "GROUPS": kw["groups"] > 1,
+        "DILATION": kw["dilation"] > 1,
+        "ALPHA_BETA": kw["alpha"] != 1 or kw["beta"] != 0,
+        "BIAS_GRADIENT": kw["op"] == "backward_weight" and kw["bias"],
+        "DETERMINISTIC": bool(kw["flags"] & ABI.CONV_DETERMINISTIC),
+    }
+    return (
+        bool(caps.spatial_ranks & (1 << kw["rank"]))
+        and bool(caps.activations & (1 << ACTIVATIONS[kw["activation"]]))
+        and all(caps.features & FEATURES[name] for name, asked in asks.items() if asked)
+    )
 
 
 @pytest.mark.parametrize("index", range(24))
@@ -664,12 +705,14 @@ def test_pack_weights_as_reported(shim, op):
 def _null_field(field):
     def change(p):
         setattr(p.args, field, C.POINTER(F.DLTensor)())
+
     return change
 
 
 def _null_array(tensor, field):
     def change(p):
         setattr(p.descriptors[tensor], field, C.POINTER(C.c_int64)())
+
     return change
 
 
@@ -679,6 +722,7 @@ def _set(field, value, index=None):
             setattr(p.args, field, value)
         else:
             getattr(p.args, field)[index] = value
+
     return change
 
 
@@ -686,6 +730,7 @@ def _misalign(tensor):
     def change(p):
         p.descriptors[tensor].data = p.descriptors[tensor].data or 4096
         p.descriptors[tensor].byte_offset = 1
+
     return change
 
 
@@ -703,8 +748,9 @@ RULES = {  # case: (change, words the message must hold)
     "spatial_rank_4": (_set("spatial_rank", 4), "spatial_rank 4"),
     # NULL descriptors, shapes and strides
     **{f"{t}_null": (_null_field(t), f"{t} is NULL") for t in ("x", "w", "y", "bias")},
-    **{f"{t}_{a}_null": (_null_array(t, a), f"NULL {a}") for t in ("x", "w", "y", "bias")
-       for a in ("shape", "strides")},
+    **{
+        f"{t}_{a}_null": (_null_array(t, a), f"NULL {a}") for t in ("x", "w", "y", "bias") for a in ("shape", "strides")
+    },
     # geometry
     "stride_0": (_set("stride", 0, 1), "stride[1] is 0"),
     "stride_negative": (_set("stride", -2, 0), "stride[0] is -2"),

@@ -54,8 +54,7 @@ def test_info_says_why_not_without_a_gpu(info):
     if has_device(info):
         pytest.skip("a CUDA device is present")
     reason = info.unavailable_reason.decode()
-    assert ("no NVIDIA driver found" in reason or "no CUDA device" in reason
-            or "driver is too old" in reason), reason
+    assert "no NVIDIA driver found" in reason or "no CUDA device" in reason or "driver is too old" in reason, reason
 
 
 def test_finds_cudnn_without_preload_or_library_path(cudnn):
@@ -64,15 +63,19 @@ def test_finds_cudnn_without_preload_or_library_path(cudnn):
     if "site-packages" not in cudnn.path:
         pytest.skip("shim not installed from its wheel")
     tests = pathlib.Path(__file__).resolve().parent.parent
-    code = ("import sys; sys.path.insert(0, sys.argv[2]); from abi.fdnn_ctypes import Shim; "
-            "print(Shim(sys.argv[1]).info().vendor_version_runtime.decode())")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[2]); from abi.fdnn_ctypes import Shim; "
+        "print(Shim(sys.argv[1]).info().vendor_version_runtime.decode())"
+    )
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    out = subprocess.run([sys.executable, "-c", code, cudnn.path, str(tests)],
-                         capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, cudnn.path, str(tests)], capture_output=True, text=True, env=env, check=True
+    )
     assert re.fullmatch(r"9\.\d+\.\d+", out.stdout.strip()), out
 
 
 # ---- with a CUDA device ----------------------------------------------------------------
+
 
 def _gpu(info):
     if not has_device(info):
@@ -137,8 +140,9 @@ def test_given_id_reproduces_the_choice(cudnn, info, op):
 
 def test_stale_algo_id_is_refused(cudnn, info):
     _gpu(info)
-    code, message = cudnn.call("Conv_Plan_Create", _with(ABI.CONV_FORWARD, policy=ABI.ALGO_GIVEN,
-                                                        algo_id=(9999 << 16) | 0))
+    code, message = cudnn.call(
+        "Conv_Plan_Create", _with(ABI.CONV_FORWARD, policy=ABI.ALGO_GIVEN, algo_id=(9999 << 16) | 0)
+    )
     assert code == "INVALID_ARGUMENT" and "algo id" in message and "conv2d" in message
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import reference as ref
 
 import flux_dnn
+import reference as ref
 
 #: Relative tolerance per dtype, against max(1, |expected|): a float32 result of exact
 #: inputs is exact up to activations; a 16-bit one is rounded once or twice.

@@ -3,6 +3,7 @@ flux_dnn.torch (autograd.Function / custom ops) and flux_dnn.jax (custom_vjp, th
 handler or a callback). The value and every gradient against the float64 reference."""
 
 import pytest
+
 import reference as ref
 
 from . import problems as P

@@ -6,9 +6,9 @@ check that the defect does not come back."""
 
 import numpy as np
 import pytest
-import reference as ref
 
 import flux_dnn
+import reference as ref
 
 from .libraries import on_cpu
 
@@ -126,9 +126,7 @@ def test_strided_1x1_channels_last_weight_gradient(backend, rng):
     import sys
 
     backend.require("backward_weight", "float32", 2, layout="channels_last")
-    code = _STRIDED_1X1_SCRIPT.format(
-        tests=os.path.dirname(os.path.dirname(__file__)), seed=int(rng.integers(1 << 62))
-    )
+    code = _STRIDED_1X1_SCRIPT.format(tests=os.path.dirname(os.path.dirname(__file__)), seed=int(rng.integers(1 << 62)))
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import reference as ref
 
 import flux_dnn
+import reference as ref
 
 from . import problems as P
 from .conftest import DTYPES, RANKS

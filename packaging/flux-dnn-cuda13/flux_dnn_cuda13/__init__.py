@@ -47,8 +47,7 @@ def _preload() -> None:
         ctypes.CDLL(CUDNN_SONAME, mode=ctypes.RTLD_GLOBAL)
     except OSError:
         raise RuntimeError(
-            f"cuDNN 9 not found: {CUDNN_DISTRIBUTION} is not installed "
-            f"(pip install {CUDNN_DISTRIBUTION})"
+            f"cuDNN 9 not found: {CUDNN_DISTRIBUTION} is not installed (pip install {CUDNN_DISTRIBUTION})"
         ) from None
 
 
@@ -61,6 +60,5 @@ def shim_spec():
         device_type=_core.DEVICE_CUDA,
         library=str(LIBRARY),
         preload=_preload,
-        install_hint=f"an NVIDIA GPU with a driver for CUDA {CUDA_MAJOR}, and "
-                     f"pip install flux-dnn-cuda{CUDA_MAJOR}",
+        install_hint=f"an NVIDIA GPU with a driver for CUDA {CUDA_MAJOR}, and pip install flux-dnn-cuda{CUDA_MAJOR}",
     )
