@@ -105,7 +105,9 @@ def demo() -> int:
         + b[k]
     )
     err = np.abs(y[:, k] - np.maximum(ref, 0)).max()
-    shim = next(s for s in flux_dnn.shims() if s.device_type == 1)
+    from . import _core
+
+    shim = next(s for s in flux_dnn.shims() if s.device_type == _core.DEVICE_CPU)
     print(
         f"conv2d 8x64x56x56 * 64x64x3x3 + bias, relu on NumPy arrays via {shim.vendor} "
         f"{shim.vendor_version_runtime}: output {type(y).__name__} {y.shape} {y.dtype}, "

@@ -28,14 +28,20 @@ from . import _core
 
 ENTRY_POINT_GROUP = "flux_dnn.shims"
 
-DEVICE_NAMES = {1: "CPU", 2: "CUDA", 8: "Metal", 10: "ROCm", 14: "oneAPI"}
+DEVICE_NAMES = {
+    _core.DEVICE_CPU: "CPU",
+    _core.DEVICE_CUDA: "CUDA",
+    _core.DEVICE_METAL: "Metal",
+    _core.DEVICE_ROCM: "ROCm",
+    _core.DEVICE_ONEAPI: "oneAPI",
+}
 
 # What a user installs to get a shim for a device type.
 INSTALL_HINTS = {
-    1: "pip install flux-dnn (its oneDNN CPU shim needs the onednn-cpu-gomp wheel)",
-    2: "pip install flux-dnn-cuda13 (or flux-dnn-cuda12 for CUDA 12)",
-    8: "pip install flux-dnn on macOS (the MPS shim is built there)",
-    10: "pip install flux-dnn-rocm",
+    _core.DEVICE_CPU: "pip install flux-dnn (its oneDNN CPU shim needs the onednn-cpu-gomp wheel)",
+    _core.DEVICE_CUDA: "pip install flux-dnn-cuda13 (or flux-dnn-cuda12 for CUDA 12)",
+    _core.DEVICE_METAL: "pip install flux-dnn on macOS (the MPS shim is built there)",
+    _core.DEVICE_ROCM: "pip install flux-dnn-rocm",
 }
 
 
