@@ -743,15 +743,31 @@ dnnl::stream& cpu_stream() {
 
 // One thread's oneDNN memory objects for one plan. Creating a memory object allocates, so
 // they are made once per (thread, plan); a call only points them at its data.
+// The C API's argument arrays are made once too: dnnl::primitive::execute would rebuild one
+// from the map (a malloc) on every call.
 struct BoundArgs {
   struct Staged {
     memory user, staging;
     std::unordered_map<int, memory> reorder;
+    std::vector<dnnl_exec_arg_t> reorder_c;
   };
   std::unordered_map<int, memory> conv;
+  std::vector<dnnl_exec_arg_t> conv_c;
   std::vector<Staged> staged;  // by operand index; used where the operand is staged
   memory scratchpad;
 };
+
+std::vector<dnnl_exec_arg_t> c_args(const std::unordered_map<int, memory>& args) {
+  std::vector<dnnl_exec_arg_t> c;
+  for (const auto& [arg, mem] : args) c.push_back({arg, mem.get()});
+  return c;
+}
+
+void run_primitive(const dnnl::primitive& p, dnnl::stream& s, const std::vector<dnnl_exec_arg_t>& args) {
+  dnnl::error::wrap_c_api(
+      dnnl_primitive_execute(p.get(), s.get(), static_cast<int>(args.size()), args.data()),
+      "could not execute a primitive");
+}
 
 BoundArgs bind(const Plan& plan) {
   const dnnl::engine& eng = cpu_engine();
@@ -782,8 +798,10 @@ BoundArgs bind(const Plan& plan) {
         st.reorder[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] =
             memory(memory::desc({1}, memory::data_type::f32, memory::format_tag::a), eng,
                    const_cast<float*>(&plan.alpha));
+      st.reorder_c = c_args(st.reorder);
     }
   }
+  b.conv_c = c_args(b.conv);
   return b;
 }
 
@@ -839,12 +857,12 @@ void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
     BoundArgs::Staged& st = b.staged[i];
     st.user.set_data_handle(outer);
     st.staging.set_data_handle(workspace + o.offset);
-    if (!o.output) o.reorder.execute(s, st.reorder);
+    if (!o.output) run_primitive(o.reorder, s, st.reorder_c);
   }
-  plan.conv.execute(s, b.conv);
+  run_primitive(plan.conv, s, b.conv_c);
   for (size_t i = 0; i < plan.operands.size(); ++i)
     if (plan.operands[i].staged && plan.operands[i].output)
-      plan.operands[i].reorder.execute(s, b.staged[i].reorder);
+      run_primitive(plan.operands[i].reorder, s, b.staged[i].reorder_c);
   s.wait();
   for (const Operand& o : plan.operands)
     if (o.widened && o.output)
