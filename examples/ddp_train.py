@@ -67,6 +67,10 @@ def worker(rank: int, world: int, port: int, args) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         train(rank, world, args)
+        # Every rank done with its collectives before any tears gloo down: a rank that exits
+        # first closes its pairs under a peer still shutting down (one SIGABRT in CI at exit,
+        # "terminate called without an active exception", under heavy load).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
