@@ -49,6 +49,9 @@ int64_t Desc::get(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t 
                        std::to_string(static_cast<int>(name)) + ")";
     fail_cudnn(status, call.c_str());
   }
+  // cuDNN reports how many elements there are, which a newer runtime than our headers may
+  // make more than we asked for: never let a caller read past what was written.
+  if (values != nullptr && count > capacity) return capacity;
   return count;
 }
 

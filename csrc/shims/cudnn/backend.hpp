@@ -45,7 +45,8 @@ class Desc {
   // Returns the status instead, for candidates that may legitimately be refused.
   cudnnStatus_t try_finalize();
 
-  // Reads up to `capacity` elements; returns how many there are.
+  // Reads up to `capacity` elements into `values`; returns how many were written (at most
+  // `capacity`), or, with `values` NULL, how many there are.
   int64_t get(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
               int64_t capacity, void* values) const;
   int64_t get_int64(cudnnBackendAttributeName_t name) const;

@@ -106,7 +106,8 @@ DescPtr make_graph(const std::vector<DescPtr>& ops, cudnnHandle_t handle) {
 // cuDNN's pointwise mode for an FDNN activation, with its parameters set on `pw`.
 void set_activation(Desc* pw, const ConvProblem& p) {
   cudnnPointwiseMode_t mode = CUDNN_POINTWISE_RELU_FWD;
-  float lower = 0.f, upper = 0.f, slope = 0.f;
+  // DOUBLE, as cudnn-frontend sets them (cuDNN takes DOUBLE or FLOAT for these).
+  double lower = 0.0, upper = 0.0, slope = 0.0;
   bool clips = false;
   switch (p.activation) {
     case FDNN_ACTIVATION_RELU: break;
@@ -126,9 +127,9 @@ void set_activation(Desc* pw, const ConvProblem& p) {
   pw->set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
   if (mode != CUDNN_POINTWISE_RELU_FWD) return;
   // value < lower: lower + slope * (value - lower); value > upper: upper
-  pw->set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_FLOAT, 1, &lower);
-  pw->set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, CUDNN_TYPE_FLOAT, 1, &slope);
-  if (clips) pw->set(CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_FLOAT, 1, &upper);
+  pw->set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lower);
+  pw->set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, CUDNN_TYPE_DOUBLE, 1, &slope);
+  if (clips) pw->set(CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &upper);
 }
 
 // out = pointwise(in[, b]); the pointwise descriptor and the op go into `parts`.

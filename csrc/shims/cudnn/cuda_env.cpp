@@ -133,18 +133,18 @@ DeviceGuard::~DeviceGuard() {
   if (restore_) driver_context_api().set_current(saved_context_);
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream) {
+DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream) : stream_(stream) {
   if (bytes == 0) return;
-  check_cuda(cudaMalloc(&ptr_, bytes), "cudaMalloc (benchmark scratch)");
+  check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (benchmark scratch)");
   cudaError_t status = cudaMemsetAsync(ptr_, 0, bytes, stream);
   if (status != cudaSuccess) {
-    cudaFree(ptr_);
+    cudaFreeAsync(ptr_, stream);
     check_cuda(status, "cudaMemsetAsync (benchmark scratch)");
   }
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != nullptr) cudaFree(ptr_);
+  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
 }
 
 Event::Event() { check_cuda(cudaEventCreate(&event_), "cudaEventCreate"); }

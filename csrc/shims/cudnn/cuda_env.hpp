@@ -41,7 +41,9 @@ class DeviceGuard {
   void* saved_context_ = nullptr;  // CUcontext
 };
 
-// Device memory owned for a scope (benchmark scratch); zero-filled on `stream`.
+// Device memory owned for a scope (benchmark scratch), zero-filled, allocated and freed in
+// `stream`'s order (cudaMallocAsync: no device-wide synchronisation as cudaMalloc/cudaFree
+// have). Throws Failure(OUT_OF_MEMORY) when the device refuses.
 class DeviceBuffer {
  public:
   DeviceBuffer(size_t bytes, cudaStream_t stream);
@@ -52,6 +54,7 @@ class DeviceBuffer {
 
  private:
   void* ptr_ = nullptr;
+  cudaStream_t stream_ = nullptr;
 };
 
 class Event {

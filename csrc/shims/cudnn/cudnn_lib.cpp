@@ -1,8 +1,11 @@
 #include "cudnn_lib.hpp"
 
+#include <cuda_runtime_api.h>  // CUDART_VERSION: the CUDA major of the companions
 #include <dlfcn.h>
 
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "shim_common.hpp"
 
@@ -34,6 +37,33 @@ void* open_cudnn(std::string* tried) {
   if (void* h = dlopen(beside.c_str(), RTLD_NOW | RTLD_GLOBAL)) return h;
   *tried += "; " + std::string(dlerror());
   return nullptr;
+}
+
+// cuDNN dlopens cuBLASLt and NVRTC by soname when an engine needs them (matmul-based and
+// runtime-compiled engines); without them those engines are silently missing. NVIDIA's
+// wheels (dependencies of nvidia-cudnn-cu*) put them beside cuDNN's own, off the library
+// path: loaded here globally first, cuDNN's dlopen finds them. Absent wheels are fine
+// (a system CUDA on the library path serves, or those engines stay unavailable).
+void preload_companions() {
+  const std::string major = std::to_string(CUDART_VERSION / 1000);
+  const std::string site = shim_directory() + "/../nvidia/";
+  struct Companion {
+    std::string soname;
+    std::vector<std::string> dirs;  // under site-packages/nvidia/: CUDA 13 wheels, then 12's
+  };
+  const Companion companions[] = {
+      {"libcublasLt.so." + major, {"cu" + major + "/lib/", "cublas/lib/"}},
+      {"libnvrtc.so." + major, {"cu" + major + "/lib/", "cuda_nvrtc/lib/"}},
+  };
+  for (const Companion& c : companions) {
+    if (void* h = dlopen(c.soname.c_str(), RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD)) {
+      dlclose(h);  // already loaded (the Python package's preload, or the array library)
+      continue;
+    }
+    for (const std::string& dir : c.dirs)
+      if (dlopen((site + dir + c.soname).c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) break;
+  }
+  dlerror();  // a missing companion is not an error of ours
 }
 
 template <class Fn>
@@ -77,6 +107,7 @@ const Loaded& loaded() {
                       "the library path); tried " + tried;
       return;
     }
+    preload_companions();
     // The library stays loaded for the life of the process: plans and handles refer to it.
     std::string missing;
     if (!bind_all(lib, &state.table, &missing)) {

@@ -29,9 +29,12 @@ using namespace fdnn_cudnn;
 struct FDNN_Plan {
   ConvProblem problem;
   ConvGraph graph;
+  KernelCache kernel_cache;  // of `graph`: other threads' plans compile nothing again
   Selected selected;
-  // The caller's workspace: [cuDNN's | conv result, when the epilogue needs y_old |
-  // w in x's memory order, when the caller's w is in another].
+  // The caller's workspace: [cuDNN's, then (once the convolution is done) the bias
+  // gradient's partial sums | conv result, when the epilogue needs y_old | w in x's memory
+  // order, when the caller's w is in another].
+  size_t bias_grad_scratch = 0;  // bytes of partial sums at offset 0
   size_t scratch_offset = 0;
   size_t w_stage_offset = 0;
   size_t workspace_size = 0;
@@ -48,6 +51,7 @@ namespace {
 constexpr size_t kWorkspaceAlign = 256;
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+size_t round_down(size_t n, size_t a) { return n / a * a; }
 
 #define FDNN_STR2(x) #x
 #define FDNN_STR(x) FDNN_STR2(x)
@@ -103,6 +107,10 @@ void with_problem(const std::string& description, Body&& body) {
   }
 }
 
+bool beta_in_conv(const ConvProblem& p) {
+  return !p.has_epilogue() || p.activation == FDNN_ACTIVATION_NONE;
+}
+
 ElementType element_type(cudnnDataType_t t) {
   switch (t) {
     case CUDNN_DATA_HALF: return ElementType::kHalf;
@@ -122,7 +130,7 @@ EpilogueParams epilogue_params(const ConvProblem& p) {
   }
   e.bias_stride = p.bias_stride;
   e.alpha = p.alpha;
-  e.beta = p.beta;
+  e.beta = beta_in_conv(p) && p.op == FDNN_CONV_FORWARD ? 0.0 : p.beta;
   e.activation = p.activation;
   e.activation_alpha = p.activation_alpha;
   e.activation_beta = p.activation_beta;
@@ -148,13 +156,16 @@ StridedCopy copy_between(const LogicalTensor& from, const LogicalTensor& to,
   return c;
 }
 
-// With an epilogue, the convolution applies alpha only; beta belongs to the epilogue.
+// With an activation in the epilogue, the convolution applies alpha only and beta belongs
+// to the epilogue (after the activation); otherwise cuDNN applies both (a bias alone is
+// then added in place: y = alpha * conv + beta * y_old, then + alpha * bias).
 ConvScales conv_scales(const ConvProblem& p) {
-  if (p.has_epilogue()) return {p.alpha, 0.0};
-  return {p.alpha, p.beta};
+  if (beta_in_conv(p)) return {p.alpha, p.beta};
+  return {p.alpha, 0.0};
 }
 
-// Bytes of the caller's workspace the shim itself uses besides cuDNN's.
+// Bytes of the caller's workspace the shim itself uses besides cuDNN's, each part a
+// multiple of 256 bytes.
 struct ExtraWorkspace {
   size_t conv_result = 0;  // the conv result, when the epilogue still needs y's old value
   size_t w_staged = 0;     // w in x's memory order, when the caller's is in another
@@ -168,6 +179,27 @@ ExtraWorkspace extra_workspace(const ConvProblem& p) {
   return e;
 }
 
+// Bytes cuDNN may use so that, with our parts after it at a 256-byte boundary, the whole
+// stays within the limit (rounded down before the comparison, not up after it).
+size_t cudnn_budget(size_t limit, const ExtraWorkspace& extra) {
+  if (limit == SIZE_MAX) return SIZE_MAX;
+  if (extra.total() == 0) return limit;  // nothing follows cuDNN's part: no rounding
+  return round_down(limit - extra.total(), kWorkspaceAlign);
+}
+
+// Where the shim's own scratch does not fit the limit (the core's no-workspace fallback is
+// a limit of 0): w goes to cuDNN in its own memory order instead of a staged copy; the
+// conv result an activation with beta != 0 needs has no substitute.
+void fit_extra_workspace(ConvProblem* p, size_t limit) {
+  if (extra_workspace(*p).total() <= limit) return;
+  if (p->stage_w) use_w_unstaged(p);
+  ExtraWorkspace extra = extra_workspace(*p);
+  if (extra.total() > limit)
+    fail(FDNN_ERROR_UNSUPPORTED, "cudnn: needs %zu bytes of workspace for the conv result "
+         "that the activation with beta != 0 reads before y is overwritten, over the limit "
+         "of %zu", extra.total(), limit);
+}
+
 // Bias and activation inside cuDNN's graph, when cuDNN has an engine for that under the
 // caller's flags; false (and nothing chosen) otherwise, and the epilogue kernel runs after
 // an unfused convolution. A given id says which of the two it came from.
@@ -177,8 +209,10 @@ bool try_fused_graph(FDNN_Plan* plan, const EngineRequest& request, cudnnHandle_
   if (!can_fuse_epilogue(p) || (given && !algo_id_is_fused(request.given_id))) return false;
   try {
     ConvGraph fused = build_fused_graph(p, handle);
-    plan->selected = select_engine(p, fused, request, handle);
+    KernelCache cache = make_kernel_cache(fused);
+    plan->selected = select_engine(p, fused, request, cache, handle);
     plan->graph = std::move(fused);
+    plan->kernel_cache = std::move(cache);
     return true;
   } catch (const Failure&) {
     if (given) throw;  // the id named a fused engine that is not there
@@ -186,37 +220,82 @@ bool try_fused_graph(FDNN_Plan* plan, const EngineRequest& request, cudnnHandle_
   }
 }
 
-void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
+void choose_unfused(FDNN_Plan* plan, const EngineRequest& request, cudnnHandle_t handle) {
   const ConvProblem& p = plan->problem;
-  ExtraWorkspace extra = extra_workspace(p);
+  EngineRequest timed = request;
+  if (p.has_epilogue()) {  // benchmark: time our epilogue with the conv, as execute runs it
+    EpilogueParams e = epilogue_params(p);
+    timed.after_each = [e](const Operands& o, cudaStream_t stream) {
+      return launch_bias_activation(e, o.y, o.y, o.bias, stream);
+    };
+  }
+  ConvGraph graph = build_conv_graph(p, conv_scales(p), handle);
+  KernelCache cache = make_kernel_cache(graph);
+  plan->selected = select_engine(p, graph, timed, cache, handle);
+  plan->graph = std::move(graph);
+  plan->kernel_cache = std::move(cache);
+}
+
+// Benchmark with a fusable epilogue: the fused graph and conv + our epilogue are both timed
+// and the faster kept (cuDNN's fused engines are not always the faster).
+void choose_timed_against_unfused(FDNN_Plan* plan, const EngineRequest& request,
+                                  cudnnHandle_t handle) {
+  Selected fused = plan->selected;
+  ConvGraph fused_graph = std::move(plan->graph);
+  KernelCache fused_cache = std::move(plan->kernel_cache);
+  try {
+    choose_unfused(plan, request, handle);
+  } catch (const Failure&) {
+    plan->selected.benchmark_ms = -1.f;
+  }
+  bool unfused_faster = plan->selected.benchmark_ms >= 0.f &&
+                        (fused.benchmark_ms < 0.f ||
+                         plan->selected.benchmark_ms < fused.benchmark_ms);
+  if (unfused_faster) return;
+  plan->selected = std::move(fused);
+  plan->graph = std::move(fused_graph);
+  plan->kernel_cache = std::move(fused_cache);
+}
+
+void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
+  ConvProblem& p = plan->problem;
   size_t limit = args.workspace_limit;
-  if (limit < extra.total())
-    fail(FDNN_ERROR_UNSUPPORTED, "cudnn: needs %zu bytes of workspace (%zu for the conv "
-         "result that bias/activation with beta != 0 reads, %zu for w in x's memory "
-         "order), over the limit of %zu", extra.total(), extra.conv_result, extra.w_staged,
-         limit);
+  fit_extra_workspace(&p, limit);
   DeviceGuard guard(p.device);
   EngineRequest request;
   request.policy = args.algo_policy;
   request.given_id = args.algo_id;
-  request.workspace_budget = limit == SIZE_MAX ? SIZE_MAX : limit - extra.total();
+  request.workspace_budget = cudnn_budget(limit, extra_workspace(p));
   request.stream = static_cast<cudaStream_t>(args.stream);
   cudnnHandle_t handle = thread_handle(p.device, request.stream);
-  if (!try_fused_graph(plan, request, handle)) {
-    plan->graph = build_conv_graph(p, conv_scales(p), handle);
-    plan->selected = select_engine(p, plan->graph, request, handle);
+  if (try_fused_graph(plan, request, handle)) {
+    if (request.policy == FDNN_ALGO_BENCHMARK)
+      choose_timed_against_unfused(plan, request, handle);
+  } else {
+    choose_unfused(plan, request, handle);
   }
   plan->plan_by_handle[handle] = plan->selected.plan;
 }
 
-// [cuDNN's workspace | conv result | staged w], each part 256-byte aligned.
-void lay_out_workspace(FDNN_Plan* plan) {
+// [shared: cuDNN's workspace, then the bias-gradient partials | conv result | staged w],
+// each part after the first 256-byte aligned; never more than the limit.
+void lay_out_workspace(FDNN_Plan* plan, size_t limit) {
   const ConvProblem& p = plan->problem;
   ExtraWorkspace extra = extra_workspace(p);
-  size_t cudnn_ws = plan->selected.workspace;
-  plan->scratch_offset = round_up(cudnn_ws, kWorkspaceAlign);
+  size_t shared = plan->selected.workspace;
+  if (p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias) {
+    // Partial sums fill the GPU deterministically; fewer chunks (down to none) when the
+    // limit leaves less room. They overlap cuDNN's part: the convolution is done by then.
+    size_t room = cudnn_budget(limit, extra);
+    plan->bias_grad_scratch = std::min(bias_gradient_scratch_bytes(plan->epilogue), room);
+    shared = std::max(shared, plan->bias_grad_scratch);
+  }
+  plan->scratch_offset = extra.total() > 0 ? round_up(shared, kWorkspaceAlign) : shared;
   plan->w_stage_offset = plan->scratch_offset + extra.conv_result;
-  plan->workspace_size = extra.total() > 0 ? plan->w_stage_offset + extra.w_staged : cudnn_ws;
+  plan->workspace_size = plan->w_stage_offset + extra.w_staged;
+  if (plan->workspace_size > limit)
+    fail(FDNN_ERROR_INTERNAL, "cudnn: laid out %zu bytes of workspace, over the limit of %zu",
+         plan->workspace_size, limit);
   if (p.stage_w) {
     plan->w_to_stage = copy_between(p.w_logical, p.w_staged, p.element_size);
     plan->stage_to_w = copy_between(p.w_staged, p.w_logical, p.element_size);
@@ -235,9 +314,11 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
   fdnn_shim::check_covered(a, capabilities(a.x->device.device_id, a.op, a.x->dtype), "cudnn");
   auto plan = std::make_unique<FDNN_Plan>();
   plan->problem = read_problem(a);
-  with_problem(plan->problem.description, [&] { choose_engine(plan.get(), *args); });
-  lay_out_workspace(plan.get());
-  plan->epilogue = epilogue_params(plan->problem);
+  with_problem(plan->problem.description, [&] {
+    choose_engine(plan.get(), *args);
+    plan->epilogue = epilogue_params(plan->problem);
+    lay_out_workspace(plan.get(), args->workspace_limit);
+  });
   args->workspace_size = plan->workspace_size;
   args->chosen_algo_id = plan->selected.algo_id;
   args->algo_name = plan->selected.name.c_str();
@@ -276,7 +357,8 @@ void run_epilogue(const FDNN_Plan& plan, const FDNN_Conv_Plan_Execute_Args& a,
                                       p.has_bias ? a.bias : nullptr, stream),
                "launch of the bias/activation kernel");
   if (p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias)
-    check_cuda(launch_bias_gradient(plan.epilogue, a.y, a.bias, stream),
+    check_cuda(launch_bias_gradient(plan.epilogue, a.y, a.bias, a.workspace,
+                                    plan.bias_grad_scratch, stream),
                "launch of the bias-gradient kernel");
 }
 
@@ -298,16 +380,24 @@ void stage_w_out(const FDNN_Plan& plan, void* staged, void* w, cudaStream_t stre
              "launch of the dw copy-out");
 }
 
+// This thread's execution plan. Made outside the lock: finalizing may compile kernels
+// (about a second without the kernel cache), and other threads must not wait for that.
+// Only this thread makes the plan of its own handle, so no two threads build the same one.
 const Desc& execution_plan(const FDNN_Plan& plan, cudnnHandle_t handle) {
+  {
+    std::lock_guard<std::mutex> lock(plan.plans_mutex);
+    auto found = plan.plan_by_handle.find(handle);
+    if (found != plan.plan_by_handle.end()) return *found->second;
+  }
+  DescPtr made = plan_for_handle(*plan.selected.config, plan.selected.runtime_compiled,
+                                 plan.kernel_cache, handle);
+  if (static_cast<size_t>(made->get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)) >
+      plan.selected.workspace)
+    fail(FDNN_ERROR_INTERNAL, "cudnn: the engine wants more workspace on this thread "
+         "than when planned");
   std::lock_guard<std::mutex> lock(plan.plans_mutex);
   DescPtr& slot = plan.plan_by_handle[handle];
-  if (!slot) {
-    slot = plan_for_handle(*plan.selected.config, handle);
-    if (static_cast<size_t>(slot->get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)) >
-        plan.selected.workspace)
-      fail(FDNN_ERROR_INTERNAL, "cudnn: the engine wants more workspace on this thread "
-           "than when planned");
-  }
+  if (!slot) slot = std::move(made);
   return *slot;
 }
 

@@ -1,6 +1,7 @@
 #include "engines.hpp"
 
 #include <algorithm>
+#include <memory>
 #include <set>
 
 #include "cuda_env.hpp"
@@ -130,13 +131,41 @@ struct Built {
   size_t index = 0;
 };
 
-// Finalizes an execution plan for a candidate; on refusal returns nothing and says why.
-bool build_plan(const Candidate& c, cudnnHandle_t handle, size_t budget, Built* out,
-                std::string* why_not) {
+// An execution plan of `config` on `handle`, not yet finalized; with the kernel cache when
+// given one.
+DescPtr new_plan(const Desc& config, const Desc* cache, cudnnHandle_t handle) {
   DescPtr plan = make_desc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
   plan->set_handle(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
-  plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *c.cfg);
+  plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
+  if (cache != nullptr) {
+    cudnnBackendDescriptor_t raw = cache->get();
+    cudnn().BackendSetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE,
+                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw);  // optional
+  }
+  return plan;
+}
+
+// A finalized plan of `config`: through the kernel cache for a runtime-compiled engine
+// (compiled once per graph, whichever thread asks first), and without it when cuDNN
+// refuses the cache, which only costs the compilation. Returns cuDNN's status.
+cudnnStatus_t finalize_plan(const Desc& config, bool runtime_compiled, const KernelCache& cache,
+                            cudnnHandle_t handle, DescPtr* out) {
+  const Desc* with = runtime_compiled ? cache.desc.get() : nullptr;
+  DescPtr plan = new_plan(config, with, handle);
   cudnnStatus_t status = plan->try_finalize();
+  if (status != CUDNN_STATUS_SUCCESS && with != nullptr) {
+    plan = new_plan(config, nullptr, handle);
+    status = plan->try_finalize();
+  }
+  if (status == CUDNN_STATUS_SUCCESS) *out = std::move(plan);
+  return status;
+}
+
+// Finalizes an execution plan for a candidate; on refusal returns nothing and says why.
+bool build_plan(const Candidate& c, const KernelCache& cache, cudnnHandle_t handle,
+                size_t budget, Built* out, std::string* why_not) {
+  DescPtr plan;
+  cudnnStatus_t status = finalize_plan(*c.cfg, c.runtime_compiled, cache, handle, &plan);
   if (status != CUDNN_STATUS_SUCCESS) {
     *why_not = c.label + ": " + cudnn_status_text(status);
     return false;
@@ -161,6 +190,7 @@ Selected to_selected(const std::vector<Candidate>& all, const Built& b, const ch
   s.keep = {c.cfg, c.engine};
   s.keep.insert(s.keep.end(), c.knobs.begin(), c.knobs.end());
   s.workspace = b.workspace;
+  s.runtime_compiled = c.runtime_compiled;
   s.algo_id = (static_cast<int64_t>(fused) << 40) | (c.global_index << 16) |
               static_cast<int64_t>(b.index);
   s.name = std::string("cudnn ") + (fused ? "fused conv+bias+act " : "") + c.label +
@@ -178,8 +208,9 @@ Selected to_selected(const std::vector<Candidate>& all, const Built& b, const ch
 // The plans that pass the flags and the budget, in cuDNN's order, at most `limit`, of which
 // at most `compiled_limit` need kernels compiled at run time (each costs about a second).
 std::vector<Built> usable_plans(const std::vector<Candidate>& all, const ConvProblem& p,
-                                const EngineRequest& r, cudnnHandle_t handle, size_t limit,
-                                size_t compiled_limit, std::string* last_refusal) {
+                                const EngineRequest& r, const KernelCache& cache,
+                                cudnnHandle_t handle, size_t limit, size_t compiled_limit,
+                                std::string* last_refusal) {
   std::vector<Built> plans;
   size_t compiled = 0;
   for (size_t i = 0; i < all.size() && plans.size() < limit; ++i) {
@@ -191,36 +222,53 @@ std::vector<Built> usable_plans(const std::vector<Candidate>& all, const ConvPro
     if (all[i].runtime_compiled && compiled++ >= compiled_limit) continue;
     Built b;
     b.index = i;
-    if (build_plan(all[i], handle, r.workspace_budget, &b, last_refusal)) plans.push_back(b);
+    if (build_plan(all[i], cache, handle, r.workspace_budget, &b, last_refusal))
+      plans.push_back(b);
   }
   return plans;
 }
 
-// Zeroed stand-ins for the operands, to time candidates on.
+// Zeroed stand-ins for the operands, to time candidates on. Stream-ordered allocations
+// (cudaMallocAsync): no device-wide synchronisation, and a refusal is an error code.
 struct Scratch {
   DeviceBuffer x, w, y, bias, workspace;
-  Scratch(const ConvProblem& p, const ConvGraph& g, size_t ws, cudaStream_t s)
+  Scratch(const ConvProblem& p, size_t ws, cudaStream_t s)
       : x(p.x_logical.span_bytes, s), w(p.w_logical.span_bytes, s),
         y(p.y_logical.span_bytes, s),
-        bias(g.binds_bias ? static_cast<size_t>(p.bias.dims[1] * p.bias_stride) *
-                                p.element_size
-                          : 0,
+        bias(p.has_bias ? static_cast<size_t>(p.bias.dims[1] * p.bias_stride) * p.element_size
+                        : 0,
              s),
         workspace(ws, s) {}
-  Operands operands() const { return {x.get(), w.get(), y.get(), bias.get(), workspace.get()}; }
+  Operands operands(bool binds_bias) const {
+    return {x.get(), w.get(), y.get(), binds_bias ? bias.get() : nullptr, workspace.get()};
+  }
+  static size_t operand_bytes(const ConvProblem& p) {
+    return p.x_logical.span_bytes + p.w_logical.span_bytes + p.y_logical.span_bytes +
+           (p.has_bias ? static_cast<size_t>(p.bias.dims[1] * p.bias_stride) * p.element_size
+                       : 0);
+  }
 };
 
 // Median of `reps` timed runs in milliseconds, or a negative value when the plan fails.
-float time_plan(cudnnHandle_t handle, const Built& b, Scratch& s, cudaStream_t stream) {
-  auto run = [&] { return run_plan(handle, *b.plan, s.operands()); };
-  if (run() != CUDNN_STATUS_SUCCESS) return -1.f;  // warm-up; also loads the kernels
+float time_plan(cudnnHandle_t handle, const Built& b, const Scratch& s, bool binds_bias,
+                const EngineRequest& r) {
+  Operands operands = s.operands(binds_bias);
+  auto run = [&] {
+    cudnnStatus_t status = run_plan(handle, *b.plan, operands);
+    if (status != CUDNN_STATUS_SUCCESS) return false;
+    if (!r.after_each) return true;
+    Operands all = operands;
+    all.bias = s.bias.get();
+    return r.after_each(all, r.stream) == cudaSuccess;
+  };
+  if (!run()) return -1.f;  // warm-up; also loads the kernels
   constexpr int kReps = 3;
   std::vector<float> ms;
   Event start, stop;
   for (int i = 0; i < kReps; ++i) {
-    check_cuda(cudaEventRecord(start.get(), stream), "cudaEventRecord");
-    if (run() != CUDNN_STATUS_SUCCESS) return -1.f;
-    check_cuda(cudaEventRecord(stop.get(), stream), "cudaEventRecord");
+    check_cuda(cudaEventRecord(start.get(), r.stream), "cudaEventRecord");
+    if (!run()) return -1.f;
+    check_cuda(cudaEventRecord(stop.get(), r.stream), "cudaEventRecord");
     check_cuda(cudaEventSynchronize(stop.get()), "cudaEventSynchronize");
     float t = 0.f;
     check_cuda(cudaEventElapsedTime(&t, start.get(), stop.get()), "cudaEventElapsedTime");
@@ -230,40 +278,74 @@ float time_plan(cudnnHandle_t handle, const Built& b, Scratch& s, cudaStream_t s
   return ms[kReps / 2];
 }
 
+// Bytes the benchmark may hold for a candidate's workspace: the caller's budget, and no
+// more than three quarters of the device memory free besides the operands' stand-ins.
+size_t benchmark_workspace_cap(const ConvProblem& p, size_t budget) {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it
+    return 0;
+  }
+  size_t operands = Scratch::operand_bytes(p);
+  size_t usable = free_bytes > operands ? (free_bytes - operands) / 4 * 3 : 0;
+  return std::min(budget, usable);
+}
+
 Selected pick_heuristic(const std::vector<Candidate>& all, const ConvProblem& p,
-                        const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
+                        const ConvGraph& g, const EngineRequest& r, const KernelCache& cache,
+                        cudnnHandle_t handle, const char* how = "heuristic") {
   std::string last;
-  std::vector<Built> plans = usable_plans(all, p, r, handle, 1, SIZE_MAX, &last);
+  std::vector<Built> plans = usable_plans(all, p, r, cache, handle, 1, SIZE_MAX, &last);
   if (plans.empty()) no_engine(p, all.size(), last);
-  return to_selected(all, plans[0], "heuristic", g.fused);
+  return to_selected(all, plans[0], how, g.fused);
 }
 
 // What torch.backends.cudnn.benchmark does: time cuDNN's best few and keep the fastest.
+// Candidates whose workspace the device cannot spare now are not timed; when the scratch
+// cannot be had at all, the heuristic's choice is kept and the name says why.
 Selected pick_benchmark(const std::vector<Candidate>& all, const ConvProblem& p,
-                        const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
+                        const ConvGraph& g, const EngineRequest& r, const KernelCache& cache,
+                        cudnnHandle_t handle) {
   constexpr size_t kMaxTimed = 8, kMaxCompiled = 2;
+  EngineRequest capped = r;
+  capped.workspace_budget = benchmark_workspace_cap(p, r.workspace_budget);
   std::string last;
-  std::vector<Built> plans = usable_plans(all, p, r, handle, kMaxTimed, kMaxCompiled, &last);
-  if (plans.empty()) no_engine(p, all.size(), last);
+  std::vector<Built> plans =
+      usable_plans(all, p, capped, cache, handle, kMaxTimed, kMaxCompiled, &last);
+  if (plans.empty())
+    return pick_heuristic(all, p, g, r, cache, handle,
+                          "heuristic: no candidate's workspace fits free device memory");
   size_t ws = 0;
   for (const Built& b : plans) ws = std::max(ws, b.workspace);
-  Scratch scratch(p, g, ws, r.stream);
+  std::unique_ptr<Scratch> scratch;
+  try {
+    scratch = std::make_unique<Scratch>(p, ws, r.stream);
+  } catch (const fdnn_shim::Failure& f) {
+    if (f.code() != FDNN_ERROR_OUT_OF_MEMORY) throw;
+    cudaGetLastError();  // an allocation failure is not sticky; clear it
+    return pick_heuristic(all, p, g, r, cache, handle,
+                          "heuristic: out of device memory for the benchmark");
+  }
   int best = -1;
   float best_ms = 0.f;
   for (size_t i = 0; i < plans.size(); ++i) {
-    float ms = time_plan(handle, plans[i], scratch, r.stream);
+    float ms = time_plan(handle, plans[i], *scratch, g.binds_bias, r);
     if (ms >= 0.f && (best < 0 || ms < best_ms)) {
       best = static_cast<int>(i);
       best_ms = ms;
     }
   }
+  scratch.reset();  // freed in stream order
   check_cuda(cudaStreamSynchronize(r.stream), "cudaStreamSynchronize");
   if (best < 0) no_engine(p, all.size(), "every timed engine failed to execute");
-  return to_selected(all, plans[static_cast<size_t>(best)], "benchmark", g.fused);
+  Selected s = to_selected(all, plans[static_cast<size_t>(best)], "benchmark", g.fused);
+  s.benchmark_ms = best_ms;
+  return s;
 }
 
 Selected pick_given(const std::vector<Candidate>& all, const ConvProblem& p,
-                    const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
+                    const ConvGraph& g, const EngineRequest& r, const KernelCache& cache,
+                    cudnnHandle_t handle) {
   int64_t index = r.given_id & 0xffff;
   int64_t engine = (r.given_id >> 16) & 0xffffff;
   if (r.given_id < 0 || algo_id_is_fused(r.given_id) != g.fused ||
@@ -281,7 +363,7 @@ Selected pick_given(const std::vector<Candidate>& all, const ConvProblem& p,
          p.description.c_str());
   Built b;
   b.index = static_cast<size_t>(index);
-  if (!build_plan(c, handle, r.workspace_budget, &b, &why))
+  if (!build_plan(c, cache, handle, r.workspace_budget, &b, &why))
     fail(FDNN_ERROR_UNSUPPORTED, "cudnn: algo id %lld cannot be used: %s [%s]",
          static_cast<long long>(r.given_id), why.c_str(), p.description.c_str());
   return to_selected(all, b, "given", g.fused);
@@ -289,25 +371,48 @@ Selected pick_given(const std::vector<Candidate>& all, const ConvProblem& p,
 
 }  // namespace
 
+KernelCache make_kernel_cache(const ConvGraph& g) {
+  KernelCache cache;
+  const CudnnLib& lib = cudnn();
+  size_t version = lib.GetVersion();
+  if (version < 90400) return cache;  // CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR is 9.4's
+  cudnnBackendDescriptor_t raw = nullptr;
+  if (lib.BackendCreateDescriptor(CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR, &raw) !=
+      CUDNN_STATUS_SUCCESS)
+    return cache;
+  lib.BackendDestroyDescriptor(raw);
+  DescPtr desc = make_desc(CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR);
+  if (version >= 90500) {  // the graph it serves: an attribute from 9.5 on
+    cudnnBackendDescriptor_t graph = g.graph->get();
+    if (lib.BackendSetAttribute(desc->get(), CUDNN_ATTR_KERNEL_CACHE_OPERATION_GRAPH,
+                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph) !=
+        CUDNN_STATUS_SUCCESS)
+      return cache;
+  }
+  if (desc->try_finalize() == CUDNN_STATUS_SUCCESS) cache.desc = std::move(desc);
+  return cache;
+}
+
 Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineRequest& r,
-                       cudnnHandle_t handle) {
+                       const KernelCache& cache, cudnnHandle_t handle) {
   std::vector<Candidate> all = engine_candidates(g);
   switch (r.policy) {
-    case FDNN_ALGO_BENCHMARK: return pick_benchmark(all, p, g, r, handle);
-    case FDNN_ALGO_GIVEN: return pick_given(all, p, g, r, handle);
+    case FDNN_ALGO_BENCHMARK: return pick_benchmark(all, p, g, r, cache, handle);
+    case FDNN_ALGO_GIVEN: return pick_given(all, p, g, r, cache, handle);
     case FDNN_ALGO_HEURISTIC: break;
     default:
       fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: unknown algo_policy %d",
            static_cast<int>(r.policy));
   }
-  return pick_heuristic(all, p, g, r, handle);
+  return pick_heuristic(all, p, g, r, cache, handle);
 }
 
-DescPtr plan_for_handle(const Desc& config, cudnnHandle_t handle) {
-  DescPtr plan = make_desc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  plan->set_handle(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
-  plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
-  plan->finalize("execution plan for another thread");
+DescPtr plan_for_handle(const Desc& config, bool runtime_compiled, const KernelCache& cache,
+                        cudnnHandle_t handle) {
+  DescPtr plan;
+  cudnnStatus_t status = finalize_plan(config, runtime_compiled, cache, handle, &plan);
+  if (status != CUDNN_STATUS_SUCCESS)
+    fail_cudnn(status, "cudnnBackendFinalize(execution plan for another thread)");
   return plan;
 }
 

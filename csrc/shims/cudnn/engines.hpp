@@ -7,35 +7,12 @@
 // something else.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "conv_graph.hpp"
 
 namespace fdnn_cudnn {
-
-struct EngineRequest {
-  int32_t policy = FDNN_ALGO_HEURISTIC;  // FDNN_ALGO_*
-  int64_t given_id = 0;
-  size_t workspace_budget = SIZE_MAX;  // bytes cuDNN may use
-  cudaStream_t stream = nullptr;       // benchmark timing stream
-};
-
-struct Selected {
-  DescPtr config;                // the engine configuration chosen
-  DescPtr plan;                  // finalized execution plan (on the planning thread's handle)
-  std::vector<DescPtr> keep;     // engine config, engine and knobs the plan came from
-  size_t workspace = 0;
-  int64_t algo_id = 0;
-  std::string name;
-};
-
-Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineRequest& request,
-                       cudnnHandle_t handle);
-
-// Another execution plan of the same engine configuration, on another handle: cuDNN's
-// execution plans are not to be shared between threads (PyTorch keeps them thread-local
-// for this reason), so each handle gets its own.
-DescPtr plan_for_handle(const Desc& config, cudnnHandle_t handle);
 
 // The device pointers of one execution, in the graph's x, w, y roles; bias only for a
 // graph that binds it.
@@ -46,6 +23,46 @@ struct Operands {
   void* bias = nullptr;
   void* workspace = nullptr;
 };
+
+struct EngineRequest {
+  int32_t policy = FDNN_ALGO_HEURISTIC;  // FDNN_ALGO_*
+  int64_t given_id = 0;
+  size_t workspace_budget = SIZE_MAX;  // bytes cuDNN may use
+  cudaStream_t stream = nullptr;       // benchmark timing stream
+  // Benchmark: what runs after the convolution in each timed run (our epilogue kernel
+  // behind an unfused graph), so that fused and unfused graphs are timed alike. Its
+  // operands have a bias buffer whenever the problem has a bias.
+  std::function<cudaError_t(const Operands&, cudaStream_t)> after_each;
+};
+
+struct Selected {
+  DescPtr config;                // the engine configuration chosen
+  DescPtr plan;                  // finalized execution plan (on the planning thread's handle)
+  std::vector<DescPtr> keep;     // engine config, engine and knobs the plan came from
+  size_t workspace = 0;
+  int64_t algo_id = 0;
+  std::string name;
+  bool runtime_compiled = false;  // its kernels are compiled at plan time (NVRTC)
+  float benchmark_ms = -1.f;  // the median time of the chosen plan; < 0 when not timed
+};
+
+// Compiled kernels of runtime-compiled (NVRTC) engines for one graph, so that the plans of
+// other threads (and other candidates) of the same engine do not compile again. Empty
+// (no cache) where the runtime cuDNN has none (before 9.4) or refuses one.
+struct KernelCache {
+  DescPtr desc;
+};
+KernelCache make_kernel_cache(const ConvGraph& g);
+
+Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineRequest& request,
+                       const KernelCache& cache, cudnnHandle_t handle);
+
+// Another execution plan of the same engine configuration, on another handle: cuDNN's
+// execution plans are not to be shared between threads (PyTorch keeps them thread-local
+// for this reason), so each handle gets its own. Runtime-compiled engines find their
+// kernels in `cache`.
+DescPtr plan_for_handle(const Desc& config, bool runtime_compiled, const KernelCache& cache,
+                        cudnnHandle_t handle);
 
 // Whether an algo id came from a fused graph (see select_engine).
 inline bool algo_id_is_fused(int64_t id) { return id >= 0 && ((id >> 40) & 1) != 0; }

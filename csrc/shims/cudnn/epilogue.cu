@@ -44,78 +44,50 @@ __device__ A activate(A v, int32_t kind, A a, A b) {
   }
 }
 
-// Offset of logical element `linear` (row-major over shape) and its dim-1 index.
-__device__ inline int64_t offset_of(const StridedTensor& t, int64_t linear, int64_t* channel) {
-  int64_t offset = 0;
-  for (int d = t.ndim - 1; d >= 0; --d) {
-    int64_t i = linear % t.shape[d];
-    linear /= t.shape[d];
-    offset += i * t.strides[d];
-    if (d == 1) *channel = i;
-  }
-  return offset;
-}
+// A tensor's dims in memory order (largest stride first), size-1 dims dropped (the channel
+// dim kept) and neighbours merged where one is exactly the other's repeat, so that a
+// linear index walks memory in order: dense NHWC becomes [N*H*W, C], dense NCHW
+// [N, C, H*W]. `channel` is the position of the ABI's dim 1 (-1: not tracked).
+struct FlatTensor {
+  int ndim = 0;
+  int channel = -1;
+  int64_t shape[kMaxEpilogueDims] = {};
+  int64_t strides[kMaxEpilogueDims] = {};
+};
 
-template <class T>
-__global__ void bias_activation_kernel(EpilogueParams p, T* y, const T* src, const T* bias,
-                                       int64_t count) {
-  using A = typename Acc<T>::type;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t k = 0;
-    int64_t off = offset_of(p.y, i, &k);
-    A v = to_acc(src[off]);
-    if (bias) v += A(p.alpha) * to_acc(bias[k * p.bias_stride]);
-    v = activate<A>(v, p.activation, A(p.activation_alpha), A(p.activation_beta));
-    if (p.beta != 0.0) v += A(p.beta) * to_acc(y[off]);
-    y[off] = from_acc<T>(v);
-  }
-}
-
-// One block per channel k; a fixed reduction order, so the result is deterministic.
-template <class T>
-__global__ void bias_gradient_kernel(EpilogueParams p, const T* dy, T* db) {
-  using A = typename Acc<T>::type;
-  constexpr int kThreads = 256;
-  __shared__ A partial[kThreads];
-  int64_t k = blockIdx.x;
-  StridedTensor rest = p.y;  // dy with dim 1 fixed at k
-  rest.shape[1] = 1;
-  int64_t count = 1;
-  for (int d = 0; d < rest.ndim; ++d) count *= rest.shape[d];
-  const T* base = dy + k * p.y.strides[1];
-  A sum = A(0);
-  for (int64_t i = threadIdx.x; i < count; i += kThreads) {
-    int64_t unused = 0;
-    sum += to_acc(base[offset_of(rest, i, &unused)]);
-  }
-  partial[threadIdx.x] = sum;
-  __syncthreads();
-  for (int step = kThreads / 2; step > 0; step /= 2) {
-    if (threadIdx.x < step) partial[threadIdx.x] += partial[threadIdx.x + step];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    A v = A(p.alpha) * partial[0];
-    T* out = db + k * p.bias_stride;
-    if (p.beta != 0.0) v += A(p.beta) * to_acc(*out);
-    *out = from_acc<T>(v);
-  }
-}
-
-template <class Bits>
-__global__ void strided_copy_kernel(StridedCopy c, const Bits* src, Bits* dst, int64_t count) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t rest = i, from = 0, to = 0;
-    for (int d = c.src.ndim - 1; d >= 0; --d) {
-      int64_t index = rest % c.src.shape[d];
-      rest /= c.src.shape[d];
-      from += index * c.src.strides[d];
-      to += index * c.dst_strides[d];
+FlatTensor flatten(const StridedTensor& t, bool track_channel) {
+  int order[kMaxEpilogueDims];
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] != 1 || (track_channel && d == 1)) order[n++] = d;
+  for (int i = 1; i < n; ++i)  // insertion sort, stable: ties keep the logical order
+    for (int j = i; j > 0 && t.strides[order[j - 1]] < t.strides[order[j]]; --j) {
+      int swap = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = swap;
     }
-    dst[to] = src[from];
+  FlatTensor f;
+  for (int i = 0; i < n; ++i) {
+    int d = order[i];
+    bool is_channel = track_channel && d == 1;
+    bool mergeable = f.ndim > 0 && !is_channel && f.channel != f.ndim - 1 &&
+                     f.strides[f.ndim - 1] == t.strides[d] * t.shape[d];
+    if (mergeable) {  // the previous dim is this one repeated: one dim of their product
+      f.shape[f.ndim - 1] *= t.shape[d];
+      f.strides[f.ndim - 1] = t.strides[d];
+      continue;
+    }
+    if (is_channel) f.channel = f.ndim;
+    f.shape[f.ndim] = t.shape[d];
+    f.strides[f.ndim] = t.strides[d];
+    ++f.ndim;
   }
+  if (f.ndim == 0) {  // a single element
+    f.ndim = 1;
+    f.shape[0] = 1;
+    f.strides[0] = 1;
+  }
+  return f;
 }
 
 int64_t element_count(const StridedTensor& t) {
@@ -124,24 +96,266 @@ int64_t element_count(const StridedTensor& t) {
   return n;
 }
 
+// Whether every index and offset of the tensor fits 32-bit unsigned math (with room for
+// the grid-stride step).
+bool fits_32_bits(const FlatTensor& f, int64_t count) {
+  int64_t last = 0;
+  for (int d = 0; d < f.ndim; ++d) last += (f.shape[d] - 1) * f.strides[d];
+  return count < (int64_t(1) << 31) && last < (int64_t(1) << 31);
+}
+
+// Offset of logical element `linear` (row-major over the flat dims) and its channel.
+// The outermost dim needs no division: what is left of `linear` is its index.
+template <class Index>
+__device__ inline Index offset_of(const FlatTensor& t, Index linear, Index* channel) {
+  Index offset = 0;
+  for (int d = t.ndim - 1; d > 0; --d) {
+    Index size = static_cast<Index>(t.shape[d]);
+    Index i = linear % size;
+    linear /= size;
+    offset += i * static_cast<Index>(t.strides[d]);
+    if (d == t.channel) *channel = i;
+  }
+  if (t.channel == 0) *channel = linear;
+  return offset + linear * static_cast<Index>(t.strides[0]);
+}
+
+template <class T, class Index>
+__global__ void bias_activation_kernel(EpilogueParams p, FlatTensor t, T* y, const T* src,
+                                       const T* bias, Index count) {
+  using A = typename Acc<T>::type;
+  const A alpha = A(p.alpha), beta = A(p.beta);
+  const A act_a = A(p.activation_alpha), act_b = A(p.activation_beta);
+  const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += step) {
+    Index k = 0;
+    Index off = offset_of<Index>(t, i, &k);
+    A v = to_acc(src[off]);
+    if (bias) v += alpha * to_acc(bias[static_cast<int64_t>(k) * p.bias_stride]);
+    v = activate<A>(v, p.activation, act_a, act_b);
+    if (p.beta != 0.0) v += beta * to_acc(y[off]);
+    y[off] = from_acc<T>(v);
+  }
+}
+
+// ---- bias gradient ------------------------------------------------------------------------
+// dy seen as rows x channels: the flat dims outside the channel (`outer`) and inside it
+// (`inner`). Pass 1: block (chunk, channel group) sums its share of rows of its channels
+// into partial[chunk][channel] in a fixed order; pass 2 adds the chunks of each channel in
+// order. One chunk writes db directly (no scratch).
+struct BiasGradShape {
+  FlatTensor outer;        // dims outside the channel
+  FlatTensor inner;        // dims inside the channel (none: channels-last)
+  int64_t channels = 1;
+  int64_t channel_stride = 0;
+  int64_t outer_count = 1, inner_count = 1;
+  int64_t chunks = 1;
+};
+
+constexpr int kGradThreads = 256;
+constexpr int kChannelsPerBlock = 32;  // channels-last: a warp reads 32 adjacent channels
+constexpr int64_t kElementsPerChunk = 16384;
+constexpr int64_t kTargetBlocks = 1024;  // enough to fill any current GPU
+
+BiasGradShape bias_grad_shape(const StridedTensor& dy) {
+  FlatTensor f = flatten(dy, true);
+  BiasGradShape s;
+  s.channels = f.shape[f.channel];
+  s.channel_stride = f.strides[f.channel];
+  for (int d = 0; d < f.channel; ++d) {
+    s.outer.shape[s.outer.ndim] = f.shape[d];
+    s.outer.strides[s.outer.ndim++] = f.strides[d];
+    s.outer_count *= f.shape[d];
+  }
+  for (int d = f.channel + 1; d < f.ndim; ++d) {
+    s.inner.shape[s.inner.ndim] = f.shape[d];
+    s.inner.strides[s.inner.ndim++] = f.strides[d];
+    s.inner_count *= f.shape[d];
+  }
+  if (s.outer.ndim == 0) s.outer = FlatTensor{1, -1, {1}, {0}};
+  if (s.inner.ndim == 0) s.inner = FlatTensor{1, -1, {1}, {0}};
+  return s;
+}
+
+bool channels_last(const BiasGradShape& s) { return s.inner_count == 1; }
+
+int64_t channel_groups(const BiasGradShape& s) {
+  return channels_last(s) ? (s.channels + kChannelsPerBlock - 1) / kChannelsPerBlock
+                          : s.channels;
+}
+
+// Chunks of rows that fill the GPU: a fixed function of the shape (so the sum's order,
+// and its bits, do not depend on the device), at most what the scratch holds.
+int64_t ideal_chunks(const BiasGradShape& s) {
+  int64_t per_channel = s.outer_count * s.inner_count;
+  int64_t by_work = (per_channel + kElementsPerChunk - 1) / kElementsPerChunk;
+  int64_t by_fill = (kTargetBlocks + channel_groups(s) - 1) / channel_groups(s);
+  int64_t chunks = by_work < by_fill ? by_work : by_fill;
+  return chunks < 1 ? 1 : (chunks > 65535 ? 65535 : chunks);
+}
+
+template <class A>
+__device__ inline A block_sum(A* shared, A v, int lanes, int lane, int rows, int row) {
+  // shared holds rows x lanes; rows summed in a fixed tree order per lane.
+  shared[row * lanes + lane] = v;
+  __syncthreads();
+  for (int half = rows / 2; half > 0; half /= 2) {
+    if (row < half) shared[row * lanes + lane] += shared[(row + half) * lanes + lane];
+    __syncthreads();
+  }
+  return shared[lane];
+}
+
+template <class T, class A>
+__device__ inline void write_channel(const EpilogueParams& p, T* db, int64_t k, A sum) {
+  A v = A(p.alpha) * sum;
+  T* out = db + k * p.bias_stride;
+  if (p.beta != 0.0) v += A(p.beta) * to_acc(*out);
+  *out = from_acc<T>(v);
+}
+
+// Channels-last (channel stride smallest): threadIdx.x over 32 adjacent channels (one
+// coalesced read per warp), threadIdx.y over rows.
+template <class T, class Index>
+__global__ void bias_grad_rows_kernel(EpilogueParams p, BiasGradShape s, const T* dy,
+                                      typename Acc<T>::type* partial, T* db) {
+  using A = typename Acc<T>::type;
+  __shared__ A shared[kGradThreads];
+  constexpr int kRows = kGradThreads / kChannelsPerBlock;
+  int64_t k = int64_t(blockIdx.y) * kChannelsPerBlock + threadIdx.x;
+  int64_t chunk = blockIdx.x;
+  int64_t per_chunk = (s.outer_count + s.chunks - 1) / s.chunks;
+  int64_t begin = chunk * per_chunk;
+  int64_t end = begin + per_chunk < s.outer_count ? begin + per_chunk : s.outer_count;
+  A sum = A(0);
+  if (k < s.channels) {
+    const T* base = dy + k * s.channel_stride;
+    for (Index r = static_cast<Index>(begin) + threadIdx.y; r < static_cast<Index>(end);
+         r += kRows) {
+      Index unused = 0;
+      sum += to_acc(base[offset_of<Index>(s.outer, r, &unused)]);
+    }
+  }
+  sum = block_sum<A>(shared, sum, kChannelsPerBlock, threadIdx.x, kRows, threadIdx.y);
+  if (threadIdx.y != 0 || k >= s.channels) return;
+  if (partial == nullptr)
+    write_channel<T, A>(p, db, k, sum);
+  else
+    partial[chunk * s.channels + k] = sum;
+}
+
+// Channels-first: one channel per block row, threads along the inner (contiguous) dims.
+template <class T, class Index>
+__global__ void bias_grad_inner_kernel(EpilogueParams p, BiasGradShape s, const T* dy,
+                                       typename Acc<T>::type* partial, T* db) {
+  using A = typename Acc<T>::type;
+  __shared__ A shared[kGradThreads];
+  int64_t k = blockIdx.y;
+  int64_t chunk = blockIdx.x;
+  int64_t total = s.outer_count * s.inner_count;
+  int64_t per_chunk = (total + s.chunks - 1) / s.chunks;
+  int64_t begin = chunk * per_chunk;
+  int64_t end = begin + per_chunk < total ? begin + per_chunk : total;
+  const T* base = dy + k * s.channel_stride;
+  A sum = A(0);
+  const Index inner_count = static_cast<Index>(s.inner_count);
+  for (Index j = static_cast<Index>(begin) + threadIdx.x; j < static_cast<Index>(end);
+       j += kGradThreads) {
+    Index unused = 0;
+    Index row = j / inner_count, col = j - row * inner_count;
+    sum += to_acc(base[offset_of<Index>(s.outer, row, &unused) +
+                       offset_of<Index>(s.inner, col, &unused)]);
+  }
+  sum = block_sum<A>(shared, sum, 1, 0, kGradThreads, threadIdx.x);
+  if (threadIdx.x != 0) return;
+  if (partial == nullptr)
+    write_channel<T, A>(p, db, k, sum);
+  else
+    partial[chunk * s.channels + k] = sum;
+}
+
+// Pass 2: each channel's chunks in order.
+template <class T>
+__global__ void bias_grad_finish_kernel(EpilogueParams p, BiasGradShape s,
+                                        const typename Acc<T>::type* partial, T* db) {
+  using A = typename Acc<T>::type;
+  int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= s.channels) return;
+  A sum = A(0);
+  for (int64_t c = 0; c < s.chunks; ++c) sum += partial[c * s.channels + k];
+  write_channel<T, A>(p, db, k, sum);
+}
+
+template <class Bits, class Index>
+__global__ void strided_copy_kernel(StridedCopy c, const Bits* src, Bits* dst, Index count) {
+  const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += step) {
+    Index rest = i, from = 0, to = 0;
+    for (int d = c.src.ndim - 1; d > 0; --d) {
+      Index size = static_cast<Index>(c.src.shape[d]);
+      Index index = rest % size;
+      rest /= size;
+      from += index * static_cast<Index>(c.src.strides[d]);
+      to += index * static_cast<Index>(c.dst_strides[d]);
+    }
+    from += rest * static_cast<Index>(c.src.strides[0]);
+    to += rest * static_cast<Index>(c.dst_strides[0]);
+    dst[to] = src[from];
+  }
+}
+
+unsigned grid_for(int64_t count, int threads) {
+  int64_t blocks = (count + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
+}
+
 template <class T>
 cudaError_t bias_activation(const EpilogueParams& p, void* y, const void* src,
                             const void* bias, cudaStream_t stream) {
+  // y and src share y's strides (the conv result is laid out as y), so one walk serves both.
+  FlatTensor t = flatten(p.y, true);
   int64_t count = element_count(p.y);
   constexpr int kThreads = 256;
-  int64_t blocks = (count + kThreads - 1) / kThreads;
-  unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
-  bias_activation_kernel<T><<<grid, kThreads, 0, stream>>>(
-      p, static_cast<T*>(y), static_cast<const T*>(src), static_cast<const T*>(bias), count);
+  unsigned grid = grid_for(count, kThreads);
+  if (fits_32_bits(t, count))
+    bias_activation_kernel<T, uint32_t><<<grid, kThreads, 0, stream>>>(
+        p, t, static_cast<T*>(y), static_cast<const T*>(src), static_cast<const T*>(bias),
+        static_cast<uint32_t>(count));
+  else
+    bias_activation_kernel<T, int64_t><<<grid, kThreads, 0, stream>>>(
+        p, t, static_cast<T*>(y), static_cast<const T*>(src), static_cast<const T*>(bias),
+        count);
   return cudaGetLastError();
 }
 
 template <class T>
-cudaError_t bias_gradient(const EpilogueParams& p, const void* dy, void* db,
-                          cudaStream_t stream) {
-  unsigned channels = static_cast<unsigned>(p.y.shape[1]);
-  bias_gradient_kernel<T><<<channels, 256, 0, stream>>>(p, static_cast<const T*>(dy),
-                                                        static_cast<T*>(db));
+cudaError_t bias_gradient(const EpilogueParams& p, const void* dy_raw, void* db_raw,
+                          void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  BiasGradShape s = bias_grad_shape(p.y);
+  int64_t fit = static_cast<int64_t>(scratch_bytes / (sizeof(A) * s.channels));
+  s.chunks = ideal_chunks(s) < fit ? ideal_chunks(s) : fit;
+  if (s.chunks < 2) s.chunks = 1;
+  A* partial = s.chunks > 1 ? static_cast<A*>(scratch) : nullptr;
+  const T* dy = static_cast<const T*>(dy_raw);
+  T* db = static_cast<T*>(db_raw);
+  dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(channel_groups(s)));
+  dim3 rows_block(kChannelsPerBlock, kGradThreads / kChannelsPerBlock);
+  // 32-bit index math when every offset (relative to a channel's first element) fits.
+  bool small = fits_32_bits(flatten(p.y, false), element_count(p.y));
+  if (channels_last(s) && small)
+    bias_grad_rows_kernel<T, uint32_t><<<grid, rows_block, 0, stream>>>(p, s, dy, partial, db);
+  else if (channels_last(s))
+    bias_grad_rows_kernel<T, int64_t><<<grid, rows_block, 0, stream>>>(p, s, dy, partial, db);
+  else if (small)
+    bias_grad_inner_kernel<T, uint32_t><<<grid, kGradThreads, 0, stream>>>(p, s, dy, partial, db);
+  else
+    bias_grad_inner_kernel<T, int64_t><<<grid, kGradThreads, 0, stream>>>(p, s, dy, partial, db);
+  if (partial != nullptr)
+    bias_grad_finish_kernel<T><<<grid_for(s.channels, 256), 256, 0, stream>>>(p, s, partial,
+                                                                              db);
   return cudaGetLastError();
 }
 
@@ -149,10 +363,19 @@ template <class Bits>
 cudaError_t strided_copy(const StridedCopy& c, const void* src, void* dst, cudaStream_t stream) {
   int64_t count = element_count(c.src);
   constexpr int kThreads = 256;
-  int64_t blocks = (count + kThreads - 1) / kThreads;
-  unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
-  strided_copy_kernel<Bits><<<grid, kThreads, 0, stream>>>(
-      c, static_cast<const Bits*>(src), static_cast<Bits*>(dst), count);
+  int64_t src_last = 0, dst_last = 0;
+  for (int d = 0; d < c.src.ndim; ++d) {
+    src_last += (c.src.shape[d] - 1) * c.src.strides[d];
+    dst_last += (c.src.shape[d] - 1) * c.dst_strides[d];
+  }
+  const int64_t kLimit = int64_t(1) << 31;
+  unsigned grid = grid_for(count, kThreads);
+  if (count < kLimit && src_last < kLimit && dst_last < kLimit)
+    strided_copy_kernel<Bits, uint32_t><<<grid, kThreads, 0, stream>>>(
+        c, static_cast<const Bits*>(src), static_cast<Bits*>(dst), static_cast<uint32_t>(count));
+  else
+    strided_copy_kernel<Bits, int64_t><<<grid, kThreads, 0, stream>>>(
+        c, static_cast<const Bits*>(src), static_cast<Bits*>(dst), count);
   return cudaGetLastError();
 }
 
@@ -180,13 +403,25 @@ cudaError_t launch_bias_activation(const EpilogueParams& p, void* y, const void*
   return cudaErrorInvalidValue;
 }
 
+size_t bias_gradient_scratch_bytes(const EpilogueParams& p) {
+  BiasGradShape s = bias_grad_shape(p.y);
+  int64_t chunks = ideal_chunks(s);
+  if (chunks < 2) return 0;
+  size_t acc = p.type == ElementType::kDouble ? sizeof(double) : sizeof(float);
+  return static_cast<size_t>(chunks * s.channels) * acc;
+}
+
 cudaError_t launch_bias_gradient(const EpilogueParams& p, const void* dy, void* db,
-                                 cudaStream_t stream) {
+                                 void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   switch (p.type) {
-    case ElementType::kHalf: return bias_gradient<__half>(p, dy, db, stream);
-    case ElementType::kBFloat16: return bias_gradient<__nv_bfloat16>(p, dy, db, stream);
-    case ElementType::kFloat: return bias_gradient<float>(p, dy, db, stream);
-    case ElementType::kDouble: return bias_gradient<double>(p, dy, db, stream);
+    case ElementType::kHalf:
+      return bias_gradient<__half>(p, dy, db, scratch, scratch_bytes, stream);
+    case ElementType::kBFloat16:
+      return bias_gradient<__nv_bfloat16>(p, dy, db, scratch, scratch_bytes, stream);
+    case ElementType::kFloat:
+      return bias_gradient<float>(p, dy, db, scratch, scratch_bytes, stream);
+    case ElementType::kDouble:
+      return bias_gradient<double>(p, dy, db, scratch, scratch_bytes, stream);
   }
   return cudaErrorInvalidValue;
 }

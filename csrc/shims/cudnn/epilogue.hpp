@@ -2,8 +2,10 @@
 //  - the forward epilogue y = act(conv + alpha * bias) + beta * y_old, used when the
 //    convolution engine itself takes no bias/activation (the conv has already applied alpha);
 //  - the bias gradient db = alpha * sum(dy over N and spatial) + beta * db_old.
-// Strided over the ABI's logical tensors, so every layout works. Plain C++ interface: the
-// rest of the shim needs no CUDA compiler.
+// Strided over the ABI's logical tensors, so every layout works: the dims are visited in
+// memory order (outermost first, merged where contiguous), so consecutive threads touch
+// consecutive addresses in NCHW and NHWC alike, with 32-bit index math where the extents
+// allow. Plain C++ interface: the rest of the shim needs no CUDA compiler.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -48,8 +50,15 @@ struct StridedCopy {
 cudaError_t launch_strided_copy(const StridedCopy& c, const void* src, void* dst,
                                 cudaStream_t stream);
 
-// db = alpha * sum over all but dim 1 of dy + beta * db (p.y describes dy).
+// Bytes of scratch the bias gradient's first pass would use to fill the GPU (partial sums
+// per chunk of rows and channel); with less, it uses fewer chunks, down to one block per
+// channel with none.
+size_t bias_gradient_scratch_bytes(const EpilogueParams& p);
+
+// db = alpha * sum over all but dim 1 of dy + beta * db (p.y describes dy). Deterministic:
+// a fixed split of the rows (decided by the shape and scratch_bytes alone) and a fixed
+// reduction order, no atomics. scratch: scratch_bytes of device memory (may be 0).
 cudaError_t launch_bias_gradient(const EpilogueParams& p, const void* dy, void* db,
-                                 cudaStream_t stream);
+                                 void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace fdnn_cudnn

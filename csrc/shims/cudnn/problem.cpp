@@ -48,22 +48,21 @@ void read_compute_type(const FDNN_DLDataType& c, ConvProblem* p) {
   }
 }
 
-// Shape and strides (no dim is empty: check_conv_problem); dims of size 1 may carry any
-// stride (DLPack producers differ), so a non-positive one there is replaced by 1; elsewhere
-// cuDNN needs positive strides.
+// Shape and strides (no dim is empty: check_conv_problem). Dims of size 1 may carry any
+// stride (DLPack producers differ): canonicalise_unit_strides rewrites them once the memory
+// order is known. Elsewhere cuDNN needs positive strides.
 LogicalTensor read_logical(const FDNN_DLTensor* t, const char* name, size_t element_size) {
   LogicalTensor out;
   int64_t last_offset = 0;
   for (int i = 0; i < t->ndim; ++i) {
     int64_t size = t->shape[i];
     int64_t stride = t->strides[i];
-    if (size == 1 && stride <= 0) stride = 1;
-    if (stride <= 0)
+    if (size != 1 && stride <= 0)
       fail(FDNN_ERROR_UNSUPPORTED, "cudnn: %s has stride %lld in dim %d; cuDNN needs "
            "positive strides", name, static_cast<long long>(stride), i);
     out.shape.push_back(size);
     out.strides.push_back(stride);
-    last_offset += (size - 1) * stride;
+    if (size != 1) last_offset += (size - 1) * stride;
   }
   out.span_bytes = static_cast<size_t>(last_offset + 1) * element_size;
   return out;
@@ -101,10 +100,50 @@ std::vector<size_t> memory_order(size_t ndim, bool channels_last) {
   return order;
 }
 
-// Channels-last when the channel dim is inside the innermost spatial dim.
-bool is_channels_last(const LogicalTensor& t) {
-  size_t last = t.shape.size() - 1;
-  return t.shape[1] > 1 && t.shape[last] > 1 && t.strides[1] < t.strides[last];
+// The memory order a tensor's strides show. Channels-last when the channel dim is inside
+// every spatial dim of size > 1; with one channel, or no spatial dim above 1, both orders
+// describe the same memory, so the tensor does not say (kEither).
+enum class Order { kChannelsFirst, kChannelsLast, kEither };
+
+Order order_of(const FDNN_DLTensor* t) {
+  if (t->shape[1] == 1) return Order::kEither;
+  bool any_spatial = false, channel_inside = true;
+  for (int d = 2; d < t->ndim; ++d) {
+    if (t->shape[d] == 1) continue;
+    any_spatial = true;
+    if (t->strides[1] >= t->strides[d]) channel_inside = false;
+  }
+  if (!any_spatial) return Order::kEither;
+  return channel_inside ? Order::kChannelsLast : Order::kChannelsFirst;
+}
+
+// The problem's memory order: the first of x, y, w that says (an NHWC model's first layer
+// on one-channel images has an x that does not), channels-first when none does.
+bool problem_is_channels_last(const FDNN_Conv_Plan_Create_Args& a) {
+  for (const FDNN_DLTensor* t : {a.x, a.y, a.w}) {
+    Order o = order_of(t);
+    if (o != Order::kEither) return o == Order::kChannelsLast;
+  }
+  return false;
+}
+
+bool own_or(const FDNN_DLTensor* t, bool problem_channels_last) {
+  Order o = order_of(t);
+  return o == Order::kEither ? problem_channels_last : o == Order::kChannelsLast;
+}
+
+// Strides of size-1 dims written as a compact tensor in this memory order would have them
+// (cuDNN infers layouts from strides, and an odd stride on a unit dim can cost it its fast
+// engines); the strides of the other dims stay the caller's.
+void canonicalise_unit_strides(LogicalTensor* t, bool channels_last) {
+  std::vector<size_t> order = memory_order(t->shape.size(), channels_last);
+  int64_t extent = 1;  // elements spanned by the dims inside the current one
+  for (auto d = order.rbegin(); d != order.rend(); ++d) {
+    if (t->shape[*d] == 1)
+      t->strides[*d] = extent;
+    else
+      extent = std::max(extent, t->strides[*d] * t->shape[*d]);
+  }
 }
 
 bool same_strides(const LogicalTensor& t, const std::vector<int64_t>& strides) {
@@ -116,9 +155,8 @@ bool same_strides(const LogicalTensor& t, const std::vector<int64_t>& strides) {
 // w in x's memory order: as it is when it already is (size-1 dims aside, whose strides are
 // then written canonically), else staged through the workspace.
 void match_w_to_x(ConvProblem* p) {
-  bool x_channels_last = is_channels_last(p->x_logical);
   std::vector<int64_t> wanted = compact_strides(
-      p->w_logical.shape, memory_order(p->w_logical.shape.size(), x_channels_last));
+      p->w_logical.shape, memory_order(p->w_logical.shape.size(), p->x_channels_last));
   LogicalTensor canonical = p->w_logical;
   canonical.strides = wanted;
   p->stage_w = !same_strides(p->w_logical, wanted);
@@ -174,6 +212,12 @@ int64_t pointer_alignment(const FDNN_DLTensor* t, int64_t current) {
 
 }  // namespace
 
+void use_w_unstaged(ConvProblem* p) {
+  p->stage_w = false;
+  p->w_staged = LogicalTensor{};
+  p->w = to_cudnn(p->w_logical);
+}
+
 ConvProblem read_problem(const FDNN_Conv_Plan_Create_Args& a) {
   ConvProblem p;
   p.description = fdnn_shim::describe_problem(a);
@@ -184,6 +228,12 @@ ConvProblem read_problem(const FDNN_Conv_Plan_Create_Args& a) {
   p.x_logical = read_logical(a.x, "x", p.element_size);
   p.w_logical = read_logical(a.w, "w", p.element_size);
   p.y_logical = read_logical(a.y, "y", p.element_size);
+  bool channels_last = problem_is_channels_last(a);
+  p.x_channels_last = own_or(a.x, channels_last);
+  p.w_channels_last = own_or(a.w, channels_last);
+  canonicalise_unit_strides(&p.x_logical, p.x_channels_last);
+  canonicalise_unit_strides(&p.w_logical, p.w_channels_last);
+  canonicalise_unit_strides(&p.y_logical, own_or(a.y, channels_last));
   p.x = to_cudnn(p.x_logical);
   match_w_to_x(&p);
   p.y = to_cudnn(p.y_logical);

@@ -47,6 +47,8 @@ struct ConvProblem {
   // NHWC). A w in another order is copied into the workspace in x's order (w_staged).
   bool stage_w = false;
   LogicalTensor w_staged;
+  bool x_channels_last = false;  // the memory order of x (its own, or the problem's)
+  bool w_channels_last = false;  // the memory order of the caller's w
   int64_t alignment = 16;    // bytes cuDNN may assume for every data pointer
   std::string description;  // the conv parameters, for error messages
 
@@ -56,13 +58,21 @@ struct ConvProblem {
   bool has_epilogue() const {
     return op == FDNN_CONV_FORWARD && (has_bias || activation != FDNN_ACTIVATION_NONE);
   }
-  // The epilogue needs the conv result apart from y when y's old value is still needed.
-  bool needs_conv_scratch() const { return has_epilogue() && beta != 0.0; }
+  // The epilogue needs the conv result apart from y when y's old value is still needed
+  // under an activation. Without one, y = alpha * conv + beta * y_old is cuDNN's own
+  // scaling, and the bias is added in place afterwards (no scratch).
+  bool needs_conv_scratch() const {
+    return has_epilogue() && beta != 0.0 && activation != FDNN_ACTIVATION_NONE;
+  }
 };
 
 // Translates arguments that passed fdnn_shim::check_conv_problem and check_covered into
 // cuDNN's terms; throws Failure(UNSUPPORTED) for what cuDNN itself cannot take (an
 // accumulation type it does not offer, a non-positive stride in a dim of size > 1).
 ConvProblem read_problem(const FDNN_Conv_Plan_Create_Args& args);
+
+// The no-scratch variant: cuDNN is given the caller's w in its own memory order instead of a
+// copy in x's (fewer engines take mixed orders, but it needs no workspace of ours).
+void use_w_unstaged(ConvProblem* p);
 
 }  // namespace fdnn_cudnn

@@ -22,23 +22,50 @@ CUDNN_DISTRIBUTION = f"nvidia-cudnn-cu{CUDA_MAJOR}"
 CUDNN_SONAME = "libcudnn.so.9"
 LIBRARY = pathlib.Path(__file__).with_name("libflux_dnn_cudnn.so")
 
-__all__ = ["shim_spec", "find_libcudnn"]
+# cuDNN dlopens these by soname for some engines (cuBLASLt: matmul-based ones; NVRTC: the
+# runtime-compiled ones); NVIDIA's wheels keep them off the library path, so without a
+# preload those engines are silently missing in a process that has not loaded them (a
+# CuPy-only one). Each: (soname, distributions that may hold it: CUDA 13's, then 12's names).
+COMPANIONS = (
+    (f"libcublasLt.so.{CUDA_MAJOR}", ("nvidia-cublas", f"nvidia-cublas-cu{CUDA_MAJOR}")),
+    (f"libnvrtc.so.{CUDA_MAJOR}", ("nvidia-cuda-nvrtc", f"nvidia-cuda-nvrtc-cu{CUDA_MAJOR}")),
+)
+
+__all__ = ["shim_spec", "find_libcudnn", "find_in_wheel"]
 
 
-def find_libcudnn() -> pathlib.Path | None:
-    """libcudnn.so.9 inside the nvidia-cudnn-cu* wheel, or None when it is not installed."""
+def find_in_wheel(distribution: str, soname: str) -> pathlib.Path | None:
+    """The library `soname` inside an installed wheel, or None."""
     try:
-        files = importlib.metadata.distribution(CUDNN_DISTRIBUTION).files or []
+        files = importlib.metadata.distribution(distribution).files or []
     except importlib.metadata.PackageNotFoundError:
         return None
     for f in files:
-        if f.name == CUDNN_SONAME:
+        if f.name == soname:
             return pathlib.Path(f.locate()).resolve()
     return None
 
 
+def find_libcudnn() -> pathlib.Path | None:
+    """libcudnn.so.9 inside the nvidia-cudnn-cu* wheel, or None when it is not installed."""
+    return find_in_wheel(CUDNN_DISTRIBUTION, CUDNN_SONAME)
+
+
+def _preload_companions() -> None:
+    """cuBLASLt and NVRTC from NVIDIA's wheels, globally, where installed (a system CUDA on
+    the library path serves otherwise, and cuDNN works without them, with fewer engines)."""
+    for soname, distributions in COMPANIONS:
+        for distribution in distributions:
+            path = find_in_wheel(distribution, soname)
+            if path is not None:
+                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+                break
+
+
 def _preload() -> None:
-    """Loads cuDNN globally so that the shim's dlopen("libcudnn.so.9") finds it."""
+    """Loads cuDNN (and its companions) globally so that the shim's dlopen("libcudnn.so.9")
+    and cuDNN's own dlopens find them."""
+    _preload_companions()
     path = find_libcudnn()
     if path is not None:
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
