@@ -99,3 +99,21 @@ def test_cuda_array_without_a_gpu_names_device_shim_and_reason():
         flux_dnn.conv2d(CudaArrayStandIn(), CudaArrayStandIn())
     message = str(err.value)
     assert "CUDA" in message and "cudnn" in message and s.reason in message, message
+
+
+def test_preload_loads_cudnn_and_its_companions_from_the_wheels():
+    """The entry point's preload loads libcudnn.so.9 and, where NVIDIA's wheels are
+    installed, cuBLASLt and NVRTC (cuDNN dlopens them by soname for some engines; off the
+    library path they would be silently missing)."""
+    wanted = [
+        soname
+        for soname, distributions in cuda13.COMPANIONS
+        if any(cuda13.find_in_wheel(d, soname) for d in distributions)
+    ]
+    if cuda13.find_libcudnn() is None:
+        pytest.skip("nvidia-cudnn-cu13 is not installed")
+    code = "import flux_dnn_cuda13 as m; m._preload(); print(open('/proc/self/maps').read())"
+    maps = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for soname in [cuda13.CUDNN_SONAME, *wanted]:
+        assert soname in maps, f"{soname} not loaded by the preload"
+    assert len(wanted) == 2 or not wanted, wanted  # both are nvidia-cudnn-cu13 dependencies

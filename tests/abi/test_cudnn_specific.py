@@ -171,3 +171,138 @@ def test_bad_shape_names_the_parameters(cudnn, info):
     code, message = cudnn.call("Conv_Plan_Create", conv_args(x, w, y, padding=1))
     assert code == "INVALID_ARGUMENT"
     assert "spatial dim 0 of y is 7" in message and "x=[2,4,8,8]" in message
+
+
+# ---- cuDNN's companions: cuBLASLt and NVRTC ----------------------------------------------
+
+
+def _companions() -> dict:
+    """soname -> the file NVIDIA's wheels installed here (the CUDA 13 names), for those present."""
+    import importlib.metadata
+
+    found = {}
+    for distribution, soname in (("nvidia-cublas", "libcublasLt.so.13"), ("nvidia-cuda-nvrtc", "libnvrtc.so.13")):
+        try:
+            files = importlib.metadata.distribution(distribution).files or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found.update({soname: str(f.locate()) for f in files if f.name == soname})
+    return found
+
+
+def test_loads_cublaslt_and_nvrtc_beside_it_without_preload(cudnn):
+    """cuDNN dlopens cuBLASLt and NVRTC by soname for some engines; NVIDIA's wheels keep them
+    off the library path. In a fresh process without any preload (a C caller, or a CuPy-only
+    process), loading cuDNN through the shim must load them too, from the wheels beside it."""
+    if "site-packages" not in cudnn.path:
+        pytest.skip("shim not installed from its wheel")
+    wanted = _companions()
+    if not wanted:
+        pytest.skip("neither nvidia-cublas nor nvidia-cuda-nvrtc is installed")
+    tests = pathlib.Path(__file__).resolve().parent.parent
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[2]); from abi.fdnn_ctypes import Shim; "
+        "Shim(sys.argv[1]).info(); print(open('/proc/self/maps').read())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    maps = subprocess.run(
+        [sys.executable, "-c", code, cudnn.path, str(tests)], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    for soname in wanted:
+        assert soname in maps, f"{soname} not loaded after cuDNN was"
+
+
+# ---- plans on a device: workspace limits, fusion ------------------------------------------
+
+
+def _channels_last(shape, dtype="float32", data=None):
+    """An N, C, *spatial tensor with channels-last strides."""
+    n, c, *spatial = shape
+    strides, acc = {}, c
+    for i in reversed(range(len(spatial))):
+        strides[i + 2], acc = acc, acc * spatial[i]
+    full = [acc, 1, *(strides[i + 2] for i in range(len(spatial)))]
+    return tensor(shape, F.DTYPES[dtype], strides=full, data=data)
+
+
+def _staged_problem(op=ABI.CONV_FORWARD, dtype="float32"):
+    """Channels-last x and y with a w in the other order: the shim copies w into x's order in
+    its workspace, unless the limit leaves no room."""
+    x, y = _channels_last([4, 16, 12, 12], dtype), _channels_last([4, 32, 12, 12], dtype)
+    w = tensor([32, 16, 3, 3], F.DTYPES[dtype])
+    return conv_args(x, w, y, op=op, padding=1)
+
+
+def _try_plan(shim, args):
+    error = shim.call("Conv_Plan_Create", args)
+    if error is not None:
+        return error
+    result = args.workspace_size
+    shim.destroy(args.plan)
+    return result
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_workspace_never_exceeds_the_limit(cudnn, info, op):
+    """At every limit from the unlimited plan's workspace down to 0 (and around 256-byte
+    steps), a plan fits its limit, or is refused as UNSUPPORTED naming the workspace."""
+    _gpu(info)
+    unlimited = _try_plan(cudnn, _staged_problem(op))
+    assert isinstance(unlimited, int), unlimited
+    limits = sorted({unlimited, unlimited - 1, unlimited - 255, unlimited - 256, unlimited // 2, 4096, 255, 1, 0})
+    for limit in (v for v in limits if v >= 0):
+        args = _staged_problem(op)
+        args.workspace_limit = limit
+        got = _try_plan(cudnn, args)
+        if isinstance(got, tuple):
+            assert got[0] == "UNSUPPORTED" and "workspace" in got[1], (limit, got)
+        else:
+            assert got <= limit, f"workspace_size {got} over workspace_limit {limit}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_limit_zero_plans_without_staging_w(cudnn, info, op):
+    """The core's fallback when the array library refuses workspace is a plan at limit 0: a
+    channels-last x with a w in the other order must still plan (w given to cuDNN as it is)."""
+    _gpu(info)
+    args = _staged_problem(op)
+    args.workspace_limit = 0
+    assert _try_plan(cudnn, args) == 0
+
+
+def _with_epilogue(activation, beta, limit):
+    x, w, y = tensor([2, 8, 10, 10]), tensor([16, 8, 3, 3]), tensor([2, 16, 10, 10])
+    args = conv_args(x, w, y, padding=1, bias=tensor([16]))
+    args.activation, args.beta, args.workspace_limit = activation, beta, limit
+    return args
+
+
+def test_bias_with_beta_needs_no_workspace_of_ours(cudnn, info):
+    """y = alpha * conv + beta * y_old is cuDNN's own scaling; the bias is added in place."""
+    _gpu(info)
+    assert _try_plan(cudnn, _with_epilogue(ABI.ACTIVATION_NONE, 0.5, 0)) == 0
+
+
+def test_activation_with_beta_at_limit_zero_is_refused_naming_the_workspace(cudnn, info):
+    """act(conv) + beta * y_old needs the conv result apart from y: no plan without workspace."""
+    _gpu(info)
+    got = _try_plan(cudnn, _with_epilogue(ABI.ACTIVATION_RELU, 0.5, 0))
+    assert isinstance(got, tuple) and got[0] == "UNSUPPORTED" and "workspace" in got[1], got
+    assert isinstance(_try_plan(cudnn, _with_epilogue(ABI.ACTIVATION_RELU, 0.5, 1 << 20)), int)
+
+
+def test_nhwc_float16_bias_relu_is_fused(cudnn, info):
+    """The case cuDNN's runtime fusion engines exist for (and PyTorch fuses): conv + bias +
+    ReLU, NHWC, float16, alpha 1, beta 0. If it is not fused, the fused graph was refused (the
+    ReLU attributes, the virtual tensors...): results stay right, so only this test notices."""
+    _gpu(info)
+    x, y = _channels_last([8, 64, 28, 28], "float16"), _channels_last([8, 64, 28, 28], "float16")
+    w = _channels_last([64, 64, 3, 3], "float16")
+    for policy in (ABI.ALGO_HEURISTIC, ABI.ALGO_BENCHMARK):
+        args = conv_args(x, w, y, padding=1, bias=tensor([64], F.DTYPES["float16"]))
+        args.activation, args.algo_policy = ABI.ACTIVATION_RELU, policy
+        _, algo, name = _plan(cudnn, args)
+        fused = bool((algo >> 40) & 1)
+        assert fused == ("fused" in name), name
+        # (benchmark times the fused graph against conv + our epilogue and may keep either)
+        assert fused or policy == ABI.ALGO_BENCHMARK, f"not fused: {name}"
