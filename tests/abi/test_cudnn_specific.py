@@ -177,7 +177,7 @@ def test_bad_shape_names_the_parameters(cudnn, info):
 
 
 def _companions() -> dict:
-    """soname -> the file NVIDIA's wheels installed here (the CUDA 13 names), for those present."""
+    """soname -> the wheel of NVIDIA's that installed it here (CUDA 13 names), where present."""
     import importlib.metadata
 
     found = {}
@@ -186,7 +186,8 @@ def _companions() -> dict:
             files = importlib.metadata.distribution(distribution).files or []
         except importlib.metadata.PackageNotFoundError:
             continue
-        found.update({soname: str(f.locate()) for f in files if f.name == soname})
+        if any(f.name == soname for f in files):
+            found[soname] = distribution
     return found
 
 
