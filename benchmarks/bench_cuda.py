@@ -1,7 +1,9 @@
 """flux_dnn's cuDNN shim against PyTorch's own cuDNN convolutions, on one NVIDIA GPU.
 
 ResNet-50-like layers at N=32, float32/float16/bfloat16, NCHW and channels-last, forward,
-backward-data and backward-weight; flux_dnn on torch CUDA tensors vs
+forward with bias + ReLU (flux_dnn's fused graph or conv + its epilogue kernel, whichever
+its benchmark found faster, against torch's conv2d with bias then relu_; the table says
+which flux_dnn ran), backward-data and backward-weight; flux_dnn on torch CUDA tensors vs
 torch.nn.functional.conv2d / torch.nn.grad.conv2d_input / conv2d_weight, with
 torch.backends.cudnn.benchmark and flux_dnn's algorithm="benchmark" set the same way, TF32
 as each library's default (both allow it for cuDNN convolutions). Timed with CUDA events in
@@ -31,7 +33,7 @@ LAYERS = [
     ("dw 3x3 256 @28", 256, 256, 28, 3, 1, 1, 256),
 ]
 BATCH = 32
-OPS = ("fwd", "bwd_data", "bwd_weight")
+OPS = ("fwd", "fwd_bias_relu", "bwd_data", "bwd_weight")
 
 
 def cuda_time_ms(fn, torch, warmup: int, reps: int) -> float:
@@ -54,12 +56,19 @@ def make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm):
     dev = "cuda"
     x = torch.randn(BATCH, C, HW, HW, device=dev, dtype=dtype).contiguous(memory_format=fmt)
     w = (torch.randn(K, C // groups, k, k, device=dev, dtype=dtype) * 0.05).contiguous(memory_format=fmt)
+    b = torch.randn(K, device=dev, dtype=dtype)
     y = torch.nn.functional.conv2d(x, w, stride=stride, padding=pad, groups=groups)
     dy = torch.randn_like(y).contiguous(memory_format=fmt)
     geo = dict(stride=stride, padding=pad, groups=groups)
     fx = dict(geo, algorithm=algorithm)
+    fused_plan = flux_dnn.conv_plan(x, w, b, activation="relu", **fx)
     return {
         "fwd": (lambda: torch.nn.functional.conv2d(x, w, **geo), lambda: flux_dnn.conv2d(x, w, **fx)),
+        "fwd_bias_relu": (
+            lambda: torch.relu_(torch.nn.functional.conv2d(x, w, b, **geo)),
+            lambda: fused_plan(x),
+            "fused" in fused_plan.algorithm,
+        ),
         "bwd_data": (
             lambda: torch.nn.grad.conv2d_input(x.shape, w, dy, **geo),
             lambda: flux_dnn.conv_backward_data(dy, w, tuple(x.shape), **fx),
@@ -139,9 +148,14 @@ def main(argv=None) -> int:
                 if time.perf_counter() - started > args.budget_s:
                     print(f"time budget spent: skipping {layer[0]} {dtype_name} {'NHWC' if channels_last else 'NCHW'}")
                     continue
-                calls = make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm)
+                try:
+                    calls = make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm)
+                except Exception as exc:  # (a refused plan): report and go on
+                    print(f"{layer[0]:24} {dtype_name:9} setup FAILED: {type(exc).__name__}: {str(exc)[:120]}")
+                    rows.append(dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last, error=str(exc)))
+                    continue
                 for op in OPS:
-                    torch_fn, flux_fn = calls[op]
+                    torch_fn, flux_fn, *fused = calls[op]
                     try:
                         t_ms = cuda_time_ms(torch_fn, torch, warmup, reps)
                         f_ms = cuda_time_ms(flux_fn, torch, warmup, reps)
@@ -164,11 +178,13 @@ def main(argv=None) -> int:
                             torch_ms=t_ms,
                             flux_ms=f_ms,
                             ratio=ratio,
+                            **({"fused": fused[0]} if fused else {}),
                         )
                     )
                     print(
                         f"{layer[0]:24} {dtype_name:9} {'NHWC' if channels_last else 'NCHW':6} "
                         f"{op:10} {t_ms:9.3f} {f_ms:9.3f} {ratio:6.2f}"
+                        f"{(' fused' if fused[0] else ' unfused') if fused else ''}"
                     )
                 del calls
                 torch.cuda.empty_cache()
@@ -195,6 +211,10 @@ def print_summary(rows, t_us, f_us) -> None:
             print(
                 f"{name:22} {len(rs):3d} {geomean(ratios):8.3f} {min(ratios):6.2f} {sum(v < 0.95 for v in ratios):10d}"
             )
+    epilogue = [r for r in ok if "fused" in r]
+    if epilogue:
+        n_fused = sum(r["fused"] for r in epilogue)
+        print(f"bias+relu forward: {n_fused} fused, {len(epilogue) - n_fused} conv + epilogue kernel")
     print(
         f"host overhead per tiny conv: torch {t_us:.1f} us, flux_dnn {f_us:.1f} us"
         f"{f'  (failed measurements: {failed})' if failed else ''}"
