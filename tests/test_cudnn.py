@@ -117,3 +117,28 @@ def test_preload_loads_cudnn_and_its_companions_from_the_wheels():
     for soname in [cuda13.CUDNN_SONAME, *wanted]:
         assert soname in maps, f"{soname} not loaded by the preload"
     assert len(wanted) == 2 or not wanted, wanted  # both are nvidia-cudnn-cu13 dependencies
+
+
+def test_epilogue_index_math_on_the_cpu(tmp_path):
+    """epilogue.cu's walks (bias/activation over every layout, in memory order for dense
+    NCHW/NHWC; the bias gradient's per-thread shares over chunks and lanes), run on the CPU
+    by csrc/shims/cudnn/epilogue_selftest.cu: the kernels' own index code, no GPU needed."""
+    import pathlib
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    source = root / "csrc/shims/cudnn/epilogue_selftest.cu"
+    nvcc = shutil.which("nvcc") or next(
+        (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if pathlib.Path(p).exists()), None
+    )
+    if nvcc is None:
+        pytest.skip("nvcc not found (the CUDA toolkit builds the cuDNN shim)")
+    binary = tmp_path / "epilogue_selftest"
+    build = subprocess.run(
+        [nvcc, "-std=c++17", "-I", str(root / "csrc/include"), "-o", str(binary), str(source)],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stdout

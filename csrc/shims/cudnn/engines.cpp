@@ -152,7 +152,13 @@ cudnnStatus_t finalize_plan(const Desc& config, bool runtime_compiled, const Ker
                             cudnnHandle_t handle, DescPtr* out) {
   const Desc* with = runtime_compiled ? cache.desc.get() : nullptr;
   DescPtr plan = new_plan(config, with, handle);
-  cudnnStatus_t status = plan->try_finalize();
+  cudnnStatus_t status;
+  if (with != nullptr) {
+    std::lock_guard<std::mutex> turn(*cache.mutex);
+    status = plan->try_finalize();
+  } else {
+    status = plan->try_finalize();
+  }
   if (status != CUDNN_STATUS_SUCCESS && with != nullptr) {
     plan = new_plan(config, nullptr, handle);
     status = plan->try_finalize();

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "conv_graph.hpp"
@@ -48,9 +50,12 @@ struct Selected {
 
 // Compiled kernels of runtime-compiled (NVRTC) engines for one graph, so that the plans of
 // other threads (and other candidates) of the same engine do not compile again. Empty
-// (no cache) where the runtime cuDNN has none (before 9.4) or refuses one.
+// (no cache) where the runtime cuDNN has none (before 9.4) or refuses one. cuDNN does not
+// document the cache as safe for concurrent finalizations, so they take turns on its own
+// mutex (one graph's, never a global lock): the first compiles, the others then find it.
 struct KernelCache {
   DescPtr desc;
+  std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
 };
 KernelCache make_kernel_cache(const ConvGraph& g);
 

@@ -13,8 +13,8 @@ template <> struct Acc<double> { using type = double; };
 
 __device__ inline float to_acc(__half v) { return __half2float(v); }
 __device__ inline float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ inline float to_acc(float v) { return v; }
-__device__ inline double to_acc(double v) { return v; }
+__host__ __device__ inline float to_acc(float v) { return v; }
+__host__ __device__ inline double to_acc(double v) { return v; }
 
 template <class T> __device__ inline T from_acc(typename Acc<T>::type v);
 template <> __device__ inline __half from_acc<__half>(float v) { return __float2half_rn(v); }
@@ -107,7 +107,7 @@ bool fits_32_bits(const FlatTensor& f, int64_t count) {
 // Offset of logical element `linear` (row-major over the flat dims) and its channel.
 // The outermost dim needs no division: what is left of `linear` is its index.
 template <class Index>
-__device__ inline Index offset_of(const FlatTensor& t, Index linear, Index* channel) {
+__host__ __device__ inline Index offset_of(const FlatTensor& t, Index linear, Index* channel) {
   Index offset = 0;
   for (int d = t.ndim - 1; d > 0; --d) {
     Index size = static_cast<Index>(t.shape[d]);
@@ -155,7 +155,7 @@ struct BiasGradShape {
 
 constexpr int kGradThreads = 256;
 constexpr int kChannelsPerBlock = 32;  // channels-last: a warp reads 32 adjacent channels
-constexpr int64_t kElementsPerChunk = 16384;
+constexpr int64_t kElementsPerBlock = 16384;  // per chunk: 64 per thread
 constexpr int64_t kTargetBlocks = 1024;  // enough to fill any current GPU
 
 BiasGradShape bias_grad_shape(const StridedTensor& dy) {
@@ -185,14 +185,25 @@ int64_t channel_groups(const BiasGradShape& s) {
                           : s.channels;
 }
 
-// Chunks of rows that fill the GPU: a fixed function of the shape (so the sum's order,
-// and its bits, do not depend on the device), at most what the scratch holds.
+// Chunks of rows that fill the GPU (about kElementsPerBlock per block, kTargetBlocks in
+// all): a fixed function of the shape, so the sum's order, and its bits, do not depend on
+// the device.
 int64_t ideal_chunks(const BiasGradShape& s) {
   int64_t per_channel = s.outer_count * s.inner_count;
-  int64_t by_work = (per_channel + kElementsPerChunk - 1) / kElementsPerChunk;
+  int64_t block_channels = channels_last(s) ? (s.channels < kChannelsPerBlock ? s.channels
+                                                                              : kChannelsPerBlock)
+                                            : 1;
+  int64_t by_work = (per_channel * block_channels + kElementsPerBlock - 1) / kElementsPerBlock;
   int64_t by_fill = (kTargetBlocks + channel_groups(s) - 1) / channel_groups(s);
   int64_t chunks = by_work < by_fill ? by_work : by_fill;
   return chunks < 1 ? 1 : (chunks > 65535 ? 65535 : chunks);
+}
+
+// The chunks a scratch of `bytes` holds (partials of `acc_size` bytes), at most the ideal.
+int64_t chunks_within(const BiasGradShape& s, size_t bytes, size_t acc_size) {
+  int64_t fit = static_cast<int64_t>(bytes / (acc_size * static_cast<size_t>(s.channels)));
+  int64_t chunks = ideal_chunks(s) < fit ? ideal_chunks(s) : fit;
+  return chunks < 2 ? 1 : chunks;
 }
 
 template <class A>
@@ -215,6 +226,55 @@ __device__ inline void write_channel(const EpilogueParams& p, T* db, int64_t k, 
   *out = from_acc<T>(v);
 }
 
+// [begin, end) of `count` items for one chunk of s.chunks.
+struct Range {
+  int64_t begin, end;
+};
+__host__ __device__ inline Range chunk_range(int64_t count, int64_t chunks, int64_t chunk) {
+  int64_t per_chunk = (count + chunks - 1) / chunks;
+  int64_t begin = chunk * per_chunk;
+  int64_t end = begin + per_chunk;
+  return {begin < count ? begin : count, end < count ? end : count};
+}
+
+// One thread's share of channel k in a chunk, channels-last: rows lane, lane + kRows, ...
+// (host-callable: epilogue_selftest.cu checks the index math on the CPU).
+constexpr int kRows = kGradThreads / kChannelsPerBlock;
+template <class T, class Index>
+__host__ __device__ typename Acc<T>::type rows_thread_sum(const BiasGradShape& s, const T* dy,
+                                                         int64_t k, int64_t chunk, int lane) {
+  using A = typename Acc<T>::type;
+  Range r = chunk_range(s.outer_count, s.chunks, chunk);
+  const T* base = dy + k * s.channel_stride;
+  A sum = A(0);
+  for (Index row = static_cast<Index>(r.begin) + lane; row < static_cast<Index>(r.end);
+       row += kRows) {
+    Index unused = 0;
+    sum += to_acc(base[offset_of<Index>(s.outer, row, &unused)]);
+  }
+  return sum;
+}
+
+// One thread's share of channel k in a chunk, channels-first: elements lane,
+// lane + kGradThreads, ... of the channel's (outer x inner) elements.
+template <class T, class Index>
+__host__ __device__ typename Acc<T>::type inner_thread_sum(const BiasGradShape& s, const T* dy,
+                                                          int64_t k, int64_t chunk, int lane) {
+  using A = typename Acc<T>::type;
+  Range r = chunk_range(s.outer_count * s.inner_count, s.chunks, chunk);
+  const T* base = dy + k * s.channel_stride;
+  const Index inner_count = static_cast<Index>(s.inner_count);
+  A sum = A(0);
+  for (Index j = static_cast<Index>(r.begin) + lane; j < static_cast<Index>(r.end);
+       j += kGradThreads) {
+    Index unused = 0;
+    Index row = j / inner_count, col = j - row * inner_count;
+    sum += to_acc(base[offset_of<Index>(s.outer, row, &unused) +
+                       offset_of<Index>(s.inner, col, &unused)]);
+  }
+  return sum;
+}
+
 // Channels-last (channel stride smallest): threadIdx.x over 32 adjacent channels (one
 // coalesced read per warp), threadIdx.y over rows.
 template <class T, class Index>
@@ -222,21 +282,9 @@ __global__ void bias_grad_rows_kernel(EpilogueParams p, BiasGradShape s, const T
                                       typename Acc<T>::type* partial, T* db) {
   using A = typename Acc<T>::type;
   __shared__ A shared[kGradThreads];
-  constexpr int kRows = kGradThreads / kChannelsPerBlock;
   int64_t k = int64_t(blockIdx.y) * kChannelsPerBlock + threadIdx.x;
   int64_t chunk = blockIdx.x;
-  int64_t per_chunk = (s.outer_count + s.chunks - 1) / s.chunks;
-  int64_t begin = chunk * per_chunk;
-  int64_t end = begin + per_chunk < s.outer_count ? begin + per_chunk : s.outer_count;
-  A sum = A(0);
-  if (k < s.channels) {
-    const T* base = dy + k * s.channel_stride;
-    for (Index r = static_cast<Index>(begin) + threadIdx.y; r < static_cast<Index>(end);
-         r += kRows) {
-      Index unused = 0;
-      sum += to_acc(base[offset_of<Index>(s.outer, r, &unused)]);
-    }
-  }
+  A sum = k < s.channels ? rows_thread_sum<T, Index>(s, dy, k, chunk, threadIdx.y) : A(0);
   sum = block_sum<A>(shared, sum, kChannelsPerBlock, threadIdx.x, kRows, threadIdx.y);
   if (threadIdx.y != 0 || k >= s.channels) return;
   if (partial == nullptr)
@@ -253,20 +301,7 @@ __global__ void bias_grad_inner_kernel(EpilogueParams p, BiasGradShape s, const 
   __shared__ A shared[kGradThreads];
   int64_t k = blockIdx.y;
   int64_t chunk = blockIdx.x;
-  int64_t total = s.outer_count * s.inner_count;
-  int64_t per_chunk = (total + s.chunks - 1) / s.chunks;
-  int64_t begin = chunk * per_chunk;
-  int64_t end = begin + per_chunk < total ? begin + per_chunk : total;
-  const T* base = dy + k * s.channel_stride;
-  A sum = A(0);
-  const Index inner_count = static_cast<Index>(s.inner_count);
-  for (Index j = static_cast<Index>(begin) + threadIdx.x; j < static_cast<Index>(end);
-       j += kGradThreads) {
-    Index unused = 0;
-    Index row = j / inner_count, col = j - row * inner_count;
-    sum += to_acc(base[offset_of<Index>(s.outer, row, &unused) +
-                       offset_of<Index>(s.inner, col, &unused)]);
-  }
+  A sum = inner_thread_sum<T, Index>(s, dy, k, chunk, threadIdx.x);
   sum = block_sum<A>(shared, sum, 1, 0, kGradThreads, threadIdx.x);
   if (threadIdx.x != 0) return;
   if (partial == nullptr)
@@ -335,9 +370,7 @@ cudaError_t bias_gradient(const EpilogueParams& p, const void* dy_raw, void* db_
                           void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   BiasGradShape s = bias_grad_shape(p.y);
-  int64_t fit = static_cast<int64_t>(scratch_bytes / (sizeof(A) * s.channels));
-  s.chunks = ideal_chunks(s) < fit ? ideal_chunks(s) : fit;
-  if (s.chunks < 2) s.chunks = 1;
+  s.chunks = chunks_within(s, scratch_bytes, sizeof(A));
   A* partial = s.chunks > 1 ? static_cast<A*>(scratch) : nullptr;
   const T* dy = static_cast<const T*>(dy_raw);
   T* db = static_cast<T*>(db_raw);
