@@ -119,26 +119,67 @@ def test_preload_loads_cudnn_and_its_companions_from_the_wheels():
     assert len(wanted) == 2 or not wanted, wanted  # both are nvidia-cudnn-cu13 dependencies
 
 
+def _toolkit_include():
+    """The CUDA toolkit's include folder (beside nvcc), or None."""
+    import pathlib
+    import shutil
+
+    for nvcc in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
+        if nvcc and pathlib.Path(nvcc).exists():
+            for include in (
+                pathlib.Path(nvcc).resolve().parent.parent / "include",
+                pathlib.Path("/usr/local/cuda/include"),
+            ):
+                if (include / "cuda_runtime_api.h").exists():
+                    return pathlib.Path(nvcc), include
+    return None, None
+
+
+def _run_selftest(command, binary):
+    build = subprocess.run(command, capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert run.returncode == 0 and "ok" in run.stdout.splitlines()[-1], run.stdout
+
+
 def test_epilogue_index_math_on_the_cpu(tmp_path):
     """epilogue.cu's walks (bias/activation over every layout, in memory order for dense
     NCHW/NHWC; the bias gradient's per-thread shares over chunks and lanes), run on the CPU
     by csrc/shims/cudnn/epilogue_selftest.cu: the kernels' own index code, no GPU needed."""
     import pathlib
-    import shutil
 
     root = pathlib.Path(__file__).resolve().parent.parent
-    source = root / "csrc/shims/cudnn/epilogue_selftest.cu"
-    nvcc = shutil.which("nvcc") or next(
-        (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if pathlib.Path(p).exists()), None
-    )
+    nvcc, _ = _toolkit_include()
     if nvcc is None:
         pytest.skip("nvcc not found (the CUDA toolkit builds the cuDNN shim)")
     binary = tmp_path / "epilogue_selftest"
-    build = subprocess.run(
-        [nvcc, "-std=c++17", "-I", str(root / "csrc/include"), "-o", str(binary), str(source)],
-        capture_output=True,
-        text=True,
-    )
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(binary)], capture_output=True, text=True)
-    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stdout
+    source = root / "csrc/shims/cudnn/epilogue_selftest.cu"
+    _run_selftest([str(nvcc), "-std=c++17", "-I", str(root / "csrc/include"), "-o", str(binary), str(source)], binary)
+
+
+def test_plan_time_decisions_on_the_cpu(tmp_path):
+    """What the shim decides before any cuDNN call, run on the CPU by
+    csrc/shims/cudnn/host_selftest.cpp: workspace_size never above workspace_limit (parts
+    aligned, not overlapping) at every limit around the boundaries; channels-last seen with one
+    channel or width 1; size-1 strides canonical; w staged only when its order differs, and
+    given to cuDNN as it is in the no-scratch variant."""
+    import pathlib
+    import shutil
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    _, cuda_include = _toolkit_include()
+    compiler = shutil.which("c++") or shutil.which("g++")
+    header = cuda13.find_in_wheel(cuda13.CUDNN_DISTRIBUTION, "cudnn_graph.h")
+    if cuda_include is None or compiler is None or header is None:
+        pytest.skip("needs the CUDA toolkit's headers, a C++ compiler and nvidia-cudnn-cu13's headers")
+    cudnn = root / "csrc/shims/cudnn"
+    binary = tmp_path / "host_selftest"
+    command = [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror"]
+    command += ["-I", str(root / "csrc/include"), "-I", str(root / "csrc/shims/common"), "-I", str(cudnn)]
+    command += ["-isystem", str(header.parent), "-isystem", str(cuda_include)]
+    command += [
+        str(cudnn / "host_selftest.cpp"),
+        str(cudnn / "problem.cpp"),
+        str(root / "csrc/shims/common/shim_common.cpp"),
+    ]
+    _run_selftest([*command, "-o", str(binary), "-lpthread"], binary)

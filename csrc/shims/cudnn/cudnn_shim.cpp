@@ -21,6 +21,7 @@
 #include "handle_pool.hpp"
 #include "problem.hpp"
 #include "shim_common.hpp"
+#include "workspace.hpp"
 
 using fdnn_shim::fail;
 using fdnn_shim::Failure;
@@ -48,10 +49,6 @@ struct FDNN_Plan {
 
 namespace {
 
-constexpr size_t kWorkspaceAlign = 256;
-
-size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-size_t round_down(size_t n, size_t a) { return n / a * a; }
 
 #define FDNN_STR2(x) #x
 #define FDNN_STR(x) FDNN_STR2(x)
@@ -164,27 +161,12 @@ ConvScales conv_scales(const ConvProblem& p) {
   return {p.alpha, 0.0};
 }
 
-// Bytes of the caller's workspace the shim itself uses besides cuDNN's, each part a
-// multiple of 256 bytes.
-struct ExtraWorkspace {
-  size_t conv_result = 0;  // the conv result, when the epilogue still needs y's old value
-  size_t w_staged = 0;     // w in x's memory order, when the caller's is in another
-  size_t total() const { return conv_result + w_staged; }
-};
-
+// Bytes of the caller's workspace the shim itself uses besides cuDNN's (workspace.hpp).
 ExtraWorkspace extra_workspace(const ConvProblem& p) {
   ExtraWorkspace e;
   if (p.needs_conv_scratch()) e.conv_result = round_up(p.y_logical.span_bytes, kWorkspaceAlign);
   if (p.stage_w) e.w_staged = round_up(compact_bytes(p.w_logical, p.element_size), kWorkspaceAlign);
   return e;
-}
-
-// Bytes cuDNN may use so that, with our parts after it at a 256-byte boundary, the whole
-// stays within the limit (rounded down before the comparison, not up after it).
-size_t cudnn_budget(size_t limit, const ExtraWorkspace& extra) {
-  if (limit == SIZE_MAX) return SIZE_MAX;
-  if (extra.total() == 0) return limit;  // nothing follows cuDNN's part: no rounding
-  return round_down(limit - extra.total(), kWorkspaceAlign);
 }
 
 // Where the shim's own scratch does not fit the limit (the core's no-workspace fallback is
@@ -265,7 +247,7 @@ void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
   EngineRequest request;
   request.policy = args.algo_policy;
   request.given_id = args.algo_id;
-  request.workspace_budget = cudnn_budget(limit, extra_workspace(p));
+  request.workspace_budget = shared_budget(limit, extra_workspace(p));
   request.stream = static_cast<cudaStream_t>(args.stream);
   cudnnHandle_t handle = thread_handle(p.device, request.stream);
   if (try_fused_graph(plan, request, handle)) {
@@ -277,25 +259,21 @@ void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
   plan->plan_by_handle[handle] = plan->selected.plan;
 }
 
-// [shared: cuDNN's workspace, then the bias-gradient partials | conv result | staged w],
-// each part after the first 256-byte aligned; never more than the limit.
+// The caller's workspace (workspace.hpp); the bias-gradient partials overlap cuDNN's part:
+// the convolution is done by the time they are written.
 void lay_out_workspace(FDNN_Plan* plan, size_t limit) {
   const ConvProblem& p = plan->problem;
-  ExtraWorkspace extra = extra_workspace(p);
-  size_t shared = plan->selected.workspace;
-  if (p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias) {
-    // Partial sums fill the GPU deterministically; fewer chunks (down to none) when the
-    // limit leaves less room. They overlap cuDNN's part: the convolution is done by then.
-    size_t room = cudnn_budget(limit, extra);
-    plan->bias_grad_scratch = std::min(bias_gradient_scratch_bytes(plan->epilogue), room);
-    shared = std::max(shared, plan->bias_grad_scratch);
-  }
-  plan->scratch_offset = extra.total() > 0 ? round_up(shared, kWorkspaceAlign) : shared;
-  plan->w_stage_offset = plan->scratch_offset + extra.conv_result;
-  plan->workspace_size = plan->w_stage_offset + extra.w_staged;
-  if (plan->workspace_size > limit)
+  bool bias_gradient = p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias;
+  WorkspaceLayout l =
+      lay_out(limit, plan->selected.workspace,
+              bias_gradient ? bias_gradient_scratch_bytes(plan->epilogue) : 0, extra_workspace(p));
+  if (l.total > limit)
     fail(FDNN_ERROR_INTERNAL, "cudnn: laid out %zu bytes of workspace, over the limit of %zu",
-         plan->workspace_size, limit);
+         l.total, limit);
+  plan->bias_grad_scratch = l.bias_grad;
+  plan->scratch_offset = l.scratch_offset;
+  plan->w_stage_offset = l.w_stage_offset;
+  plan->workspace_size = l.total;
   if (p.stage_w) {
     plan->w_to_stage = copy_between(p.w_logical, p.w_staged, p.element_size);
     plan->stage_to_w = copy_between(p.w_staged, p.w_logical, p.element_size);
