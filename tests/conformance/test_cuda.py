@@ -194,7 +194,7 @@ def test_size_one_dims(backend, rng, case):
     one channel or width 1 is still seen as channels-last when its model is."""
     dtype = "float32"
     backend.require("forward", dtype, 2, layout="channels_last")
-    backend.require("backward_weight", dtype, 2, layout="channels_last")
+    backend.require("backward_weight_bias", dtype, 2, layout="channels_last", features=("bias_gradient",))
     sizes = {
         "C1_nhwc": dict(C=1, size=16),
         "W1_nhwc": dict(C=8, size=(12, 1), kernel=(3, 1), pad=(1, 0)),

@@ -8,6 +8,7 @@
 // (epilogue.cu). See README.md for the choices.
 #include <cudnn_version.h>
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -182,6 +183,19 @@ void fit_extra_workspace(ConvProblem* p, size_t limit) {
          "of %zu", extra.total(), limit);
 }
 
+// Everything a graph is built from (read_problem's translation of the arguments is a
+// function of them): the key of its kernel cache. The description names the op, every
+// tensor's shape, strides and dtype and the convolution parameters.
+std::string graph_key(const ConvProblem& p, bool fused) {
+  char more[256];
+  std::snprintf(more, sizeof more, "|dev%d fused%d stage%d act%d %.17g %.17g %.9g %.9g align%lld "
+                "compute%d", p.device, fused ? 1 : 0, p.stage_w ? 1 : 0,
+                static_cast<int>(p.activation), p.alpha, p.beta,
+                static_cast<double>(p.activation_alpha), static_cast<double>(p.activation_beta),
+                static_cast<long long>(p.alignment), static_cast<int>(p.compute));
+  return p.description + more;
+}
+
 // Bias and activation inside cuDNN's graph, when cuDNN has an engine for that under the
 // caller's flags; false (and nothing chosen) otherwise, and the epilogue kernel runs after
 // an unfused convolution. A given id says which of the two it came from.
@@ -191,7 +205,7 @@ bool try_fused_graph(FDNN_Plan* plan, const EngineRequest& request, cudnnHandle_
   if (!can_fuse_epilogue(p) || (given && !algo_id_is_fused(request.given_id))) return false;
   try {
     ConvGraph fused = build_fused_graph(p, handle);
-    KernelCache cache = make_kernel_cache(fused);
+    KernelCache cache = shared_kernel_cache(fused, graph_key(p, true));
     plan->selected = select_engine(p, fused, request, cache, handle);
     plan->graph = std::move(fused);
     plan->kernel_cache = std::move(cache);
@@ -212,7 +226,7 @@ void choose_unfused(FDNN_Plan* plan, const EngineRequest& request, cudnnHandle_t
     };
   }
   ConvGraph graph = build_conv_graph(p, conv_scales(p), handle);
-  KernelCache cache = make_kernel_cache(graph);
+  KernelCache cache = shared_kernel_cache(graph, graph_key(p, false));
   plan->selected = select_engine(p, graph, timed, cache, handle);
   plan->graph = std::move(graph);
   plan->kernel_cache = std::move(cache);

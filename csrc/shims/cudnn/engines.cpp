@@ -1,6 +1,7 @@
 #include "engines.hpp"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -377,6 +378,8 @@ Selected pick_given(const std::vector<Candidate>& all, const ConvProblem& p,
 
 }  // namespace
 
+namespace {
+
 KernelCache make_kernel_cache(const ConvGraph& g) {
   KernelCache cache;
   const CudnnLib& lib = cudnn();
@@ -395,8 +398,30 @@ KernelCache make_kernel_cache(const ConvGraph& g) {
         CUDNN_STATUS_SUCCESS)
       return cache;
   }
-  if (desc->try_finalize() == CUDNN_STATUS_SUCCESS) cache.desc = std::move(desc);
+  if (desc->try_finalize() != CUDNN_STATUS_SUCCESS) return cache;
+  cache.desc = std::move(desc);
+  cache.keep = g.parts;
+  cache.keep.push_back(g.graph);
   return cache;
+}
+
+}  // namespace
+
+KernelCache shared_kernel_cache(const ConvGraph& g, const std::string& key) {
+  constexpr size_t kMaxCaches = 512;  // distinct problems; beyond, each plan has its own
+  // Never destroyed: cuDNN's descriptors must not be freed during static destruction.
+  static std::mutex* registry_mutex = new std::mutex;
+  static auto* registry = new std::map<std::string, KernelCache>;
+  {
+    std::lock_guard<std::mutex> lock(*registry_mutex);
+    auto found = registry->find(key);
+    if (found != registry->end()) return found->second;
+  }
+  KernelCache made = make_kernel_cache(g);  // outside the lock
+  if (!made.desc) return made;
+  std::lock_guard<std::mutex> lock(*registry_mutex);
+  if (registry->size() >= kMaxCaches) return made;
+  return registry->emplace(key, std::move(made)).first->second;
 }
 
 Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineRequest& r,

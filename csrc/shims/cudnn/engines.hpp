@@ -56,8 +56,13 @@ struct Selected {
 struct KernelCache {
   DescPtr desc;
   std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
+  std::vector<DescPtr> keep;  // the graph it is bound to, and what that graph refers to
 };
-KernelCache make_kernel_cache(const ConvGraph& g);
+
+// The kernel cache of graphs like `g`: one per `key` in the process (a plan made again for
+// the same problem, e.g. under another workspace limit, finds the kernels compiled for the
+// first), `key` naming everything the graph is built from. Kept for the process's life.
+KernelCache shared_kernel_cache(const ConvGraph& g, const std::string& key);
 
 Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineRequest& request,
                        const KernelCache& cache, cudnnHandle_t handle);
