@@ -180,11 +180,10 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export FLUX_DNN_GPU_RUN=1 # fixed per-test seeds (tests/conftest.py)
 
-echo
-echo "=== machine ($(date -u +%H:%M:%S))"
-nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader
-nvcc --version | tail -1
-"$PY" - << 'PY'
+machine() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader
+  nvcc --version | tail -1
+  "$PY" - << 'PY'
 import importlib
 for m in ("numpy", "pytest", "torch", "cupy", "jax", "scikit_build_core", "pybind11", "nvidia.cudnn"):
     try:
@@ -193,6 +192,8 @@ for m in ("numpy", "pytest", "torch", "cupy", "jax", "scikit_build_core", "pybin
     except Exception as exc:
         print(f"{m:18} MISSING: {exc}")
 PY
+}
+run_step "machine" 30 bash -c "$(declare -f machine); PY='$PY' machine"
 
 # (Warnings as errors are CI's job; here a new compiler warning must not cost the GPU run.)
 # Build folders persist, so a rerun on the same machine rebuilds only what changed.
@@ -205,7 +206,8 @@ run_step "build cuDNN wheel ($ARCHS)" "$T_BUILD_CUDA" "$PY" -m pip install --no-
   -C build-dir=build/gpu_check_cuda \
   > "$LOGS/build_cuda.log" 2>&1 || { tail -30 "$LOGS/build_cuda.log"; print_table "$LOGS"; exit 1; }
 
-run_step "flux_dnn info" "$T_INFO" bash -c "cd /tmp && '$PY' -m flux_dnn info" 2>&1 | tee "$LOGS/info.txt"
+run_step "flux_dnn info" "$T_INFO" bash -c "cd /tmp && '$PY' -m flux_dnn info" > "$LOGS/info.txt" 2>&1
+cat "$LOGS/info.txt"
 
 PYTEST=("$PY" -m pytest -v -p no:cacheprovider -o addopts="" -W default -rfEs --durations=20
   -o faulthandler_timeout=60)
