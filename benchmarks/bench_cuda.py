@@ -101,6 +101,46 @@ def host_overhead_us(torch, flux_dnn, calls: int) -> tuple:
     return result["torch"], result["flux_dnn"]
 
 
+def plan_seconds(torch, flux_dnn) -> dict:
+    """What runtime-compiled (NVRTC) engines cost, and what cuDNN's kernel cache saves: a
+    fused NHWC float16 conv + bias + ReLU planned the first time, its first call from another
+    thread (an execution plan for that thread's handle), and the same problem planned again
+    (another flux_dnn plan: another workspace limit). Seconds, each including its first call."""
+    import threading
+
+    x = torch.randn(8, 64, 56, 56, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16) * 0.05).contiguous(
+        memory_format=torch.channels_last
+    )
+    b = torch.randn(64, device="cuda", dtype=torch.float16)
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    result = {}
+    holder = {}
+
+    def first():
+        holder["plan"] = flux_dnn.conv_plan(x, w, b, padding=1, activation="relu")
+        holder["plan"](x)
+
+    result["first"] = timed(first)
+    result["algorithm"] = holder["plan"].algorithm
+    other = {}
+    thread = threading.Thread(target=lambda: other.setdefault("s", timed(lambda: holder["plan"](x))))
+    thread.start()
+    thread.join()
+    result["other_thread"] = other["s"]
+    result["again"] = timed(
+        lambda: flux_dnn.conv_plan(x, w, b, padding=1, activation="relu", workspace_limit=1 << 30)(x)
+    )
+    return result
+
+
 def geomean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -189,9 +229,14 @@ def main(argv=None) -> int:
                 del calls
                 torch.cuda.empty_cache()
     t_us, f_us = host_overhead_us(torch, flux_dnn, 2000 if args.quick else 10000)
+    try:
+        plan_s = plan_seconds(torch, flux_dnn)
+    except Exception as exc:  # report it with the rest
+        plan_s = {"error": f"{type(exc).__name__}: {exc}"}
+    print(f"plan seconds (NHWC float16 conv+bias+ReLU): {plan_s}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, host_us=dict(torch=t_us, flux_dnn=f_us)), f, indent=1)
+            json.dump(dict(rows=rows, host_us=dict(torch=t_us, flux_dnn=f_us), plan_s=plan_s), f, indent=1)
     print_summary(rows, t_us, f_us)
     return 0
 

@@ -117,6 +117,14 @@ if bench.exists():
         print(f"  host us per tiny conv: torch {host.get('torch', 0):.1f}, flux_dnn {host.get('flux_dnn', 0):.1f}")
     if failed:
         print(f"  failed measurements: {failed}")
+    plan = data.get("plan_s", {})
+    if "first" in plan:
+        print(
+            f"  plan s, NHWC fp16 conv+bias+ReLU: first {plan['first']:.3f}, another thread's first call "
+            f"{plan['other_thread']:.3f}, same problem again {plan['again']:.3f} ({plan['algorithm'][:60]})"
+        )
+    elif plan:
+        print(f"  plan timing failed: {plan.get('error', '')[:100]}")
 else:
     print("\nbenchmark: no results")
 PY
