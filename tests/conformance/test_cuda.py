@@ -17,7 +17,7 @@ import flux_dnn
 import reference as ref
 
 from . import problems as P
-from .libraries import CUDA, LAYOUTS
+from .libraries import CUDA, LAYOUTS, numpy_dtype
 
 
 def on_cuda(lib) -> bool:
@@ -291,6 +291,8 @@ def _device_count(lib) -> int:
         return lib.module.cuda.device_count()
     if lib.name == "cupy":
         return lib.module.cuda.runtime.getDeviceCount()
+    if lib.name == "jax":
+        return len(lib.module.devices("gpu"))
     return 0
 
 
@@ -299,7 +301,14 @@ def _on_device(lib, index):
         return lib.module.cuda.device(index)
     if lib.name == "cupy":
         return lib.module.cuda.Device(index)
-    return contextlib.nullcontext()
+    return contextlib.nullcontext()  # JAX: arrays are placed explicitly (_array_on)
+
+
+def _array_on(lib, values, dtype, device):
+    """lib's array of values on CUDA device `device` (current there for torch and CuPy)."""
+    if lib.name == "jax":  # (the suite's JAX arrays go to the first GPU)
+        return lib.module.device_put(np.asarray(values).astype(numpy_dtype(dtype)), lib.module.devices("gpu")[device])
+    return lib.array(values, dtype)
 
 
 @pytest.mark.matrix(where=on_cuda)
@@ -316,13 +325,14 @@ def test_second_device(backend, rng):
     for device in (1, 0):
         x, w, b = P.grid(rng, g.x_shape), P.grid(rng, g.w_shape), P.grid(rng, (g.K,))
         with _on_device(lib, device):
-            got = flux_dnn.conv(
-                lib.array(x, dtype), lib.array(w, dtype), lib.array(b, dtype), **g.kwargs(), activation="relu"
-            )
+            xd, wd, bd = (_array_on(lib, v, dtype, device) for v in (x, w, b))
+            got = flux_dnn.conv(xd, wd, bd, **g.kwargs(), activation="relu")
             if lib.name == "torch":
                 assert got.device.index == device, got.device
             elif lib.name == "cupy":
                 assert got.device.id == device, got.device
+            elif lib.name == "jax":
+                assert {d.id for d in got.devices()} == {device}, got.devices()
             _close(
                 lib,
                 got,
