@@ -292,7 +292,7 @@ def _device_count(lib) -> int:
     if lib.name == "cupy":
         return lib.module.cuda.runtime.getDeviceCount()
     if lib.name == "jax":
-        return len(lib.module.devices("gpu"))
+        return len(lib.module.devices(lib.platform))
     return 0
 
 
@@ -307,7 +307,9 @@ def _on_device(lib, index):
 def _array_on(lib, values, dtype, device):
     """lib's array of values on CUDA device `device` (current there for torch and CuPy)."""
     if lib.name == "jax":  # (the suite's JAX arrays go to the first GPU)
-        return lib.module.device_put(np.asarray(values).astype(numpy_dtype(dtype)), lib.module.devices("gpu")[device])
+        return lib.module.device_put(
+            np.asarray(values).astype(numpy_dtype(dtype)), lib.module.devices(lib.platform)[device]
+        )
     return lib.array(values, dtype)
 
 
