@@ -22,6 +22,11 @@ import flux_dnn
 from flux_dnn import _core
 
 from .libraries import CPU, LAYOUTS, all_libraries
+from .rocm_host import use_double_if_wanted
+
+# The MIOpen shim (flux-dnn-rocm) runs on its test double here, before any shim is loaded:
+# no AMD GPU or MIOpen is needed, and FLUX_DNN_MIOPEN_REAL=1 leaves a real MIOpen in charge.
+use_double_if_wanted()
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 RANKS = (1, 2, 3)

@@ -227,7 +227,9 @@ struct Operand {
   Tensor full;           // the whole tensor the convolution reads or writes
   Tensor interior;       // padded x: the view of `full` that holds x; else unused
   Tensor conv;           // what one convolution call sees (a group's slice, or `full`)
+  size_t interior_bytes = 0;  // padded x: where x starts in `full` (after the lo padding)
   const Tensor& data_view() const { return padded ? interior : full; }
+  char* data_at(char* base) const { return base + interior_bytes; }
 };
 
 enum { X = 0, W = 1, Y = 2 };
@@ -348,6 +350,8 @@ void plan_operand(FDNN_Plan* p, int which, const FDNN_DLTensor* t, int rank, boo
   if (pad) {
     Dims interior{user.shape, full.strides};
     o.interior = Tensor(interior, p->type);
+    for (size_t d = 2; d < full.shape.size(); ++d)
+      o.interior_bytes += static_cast<size_t>(lo[d - 2] * full.strides[d]) * p->element_size;
   }
   if (o.staged) {
     o.bytes = round_up(full.elements() * p->element_size);
@@ -697,7 +701,7 @@ void stage_inputs(const FDNN_Plan& p, miopenHandle_t h, void* const user[3], cha
     if (which == p.out) continue;  // written by the convolution
     const float zero = 0.f;
     if (o.padded) check_miopen(mi().SetTensor(h, o.full.get(), base[which], &zero), "miopenSetTensor");
-    copy(h, o.user, user[which], o.data_view(), base[which], 1.f, 0.f);
+    copy(h, o.user, user[which], o.data_view(), o.data_at(base[which]), 1.f, 0.f);
   }
 }
 
@@ -797,7 +801,8 @@ void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
     run_convolution(p, h, base, p.solution, ws);
     const Operand& out = p.operand[p.out];
     epilogue(p, h, out.full, base[p.out], args->bias, ws);
-    if (out.staged) copy(h, out.data_view(), base[p.out], out.user, user[p.out], 1.f, p.beta);
+    if (out.staged)
+      copy(h, out.data_view(), out.data_at(base[p.out]), out.user, user[p.out], 1.f, p.beta);
     if (p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias)
       bias_gradient(p, h, p.operand[Y].full, base[Y], args->bias, ws);
   });
