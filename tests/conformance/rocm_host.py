@@ -57,6 +57,10 @@ def _dtype_code(a: np.ndarray) -> tuple:
     return (2 if a.dtype.kind == "f" else 1 if a.dtype.kind == "u" else 0), a.dtype.itemsize * 8
 
 
+def _host(v):
+    return v.host if isinstance(v, RocmHostArray) else v
+
+
 class RocmHostArray:
     """A NumPy array (`host`) that DLPack reports as on ROCm device 0."""
 
@@ -67,6 +71,28 @@ class RocmHostArray:
     shape = property(lambda self: self.host.shape)
     dtype = property(lambda self: self.host.dtype)
     ndim = property(lambda self: self.host.ndim)
+
+    def __getitem__(self, index):
+        return RocmHostArray(self.host[index])  # a view, as device arrays' slices are
+
+    def __setitem__(self, index, value):
+        self.host[index] = value.host if isinstance(value, RocmHostArray) else value
+
+    def reshape(self, *shape):
+        return RocmHostArray(self.host.reshape(*shape))
+
+    # The little arithmetic flux_dnn's transposed path does on output rows (output_padding).
+    def __mul__(self, other):
+        return RocmHostArray(self.host * _host(other))
+
+    __rmul__ = __mul__
+
+    def __add__(self, other):
+        return RocmHostArray(self.host + _host(other))
+
+    def __iadd__(self, other):
+        self.host += _host(other)
+        return self
 
     def __dlpack_device__(self):
         return (ROCM, 0)
@@ -91,7 +117,7 @@ def _adapter():
 
     class RocmHostAdapter(ArrayAPIAdapter):
         name = "rocm_host"
-        has_views = False
+        has_views = True
 
         def key(self, a):
             return (type(a), a.host.shape, a.host.strides, a.host.dtype.num)

@@ -60,8 +60,21 @@ float load(const Desc& d, const void* base, int64_t i) {
   }
 }
 
+// v rounded to float by round-to-odd: a later rounding to a 16-bit type is then the one
+// correct rounding of v (double rounding through float would not be).
+float to_float_odd(double v) {
+  float f = static_cast<float>(v);
+  if (static_cast<double>(f) == v || !std::isfinite(f)) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits |= 1u;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 void store(const Desc& d, void* base, int64_t i, double v) {
-  const float f = static_cast<float>(v);
+  const float f = d.type == miopenFloat ? static_cast<float>(v) : to_float_odd(v);
   switch (d.type) {
     case miopenHalf: static_cast<uint16_t*>(base)[i] = fdnn_shim::float_to_half(f); break;
     case miopenBFloat16: static_cast<uint16_t*>(base)[i] = fdnn_shim::float_to_bf16(f); break;
