@@ -28,9 +28,9 @@ from collections.abc import Callable
 import pytest
 
 import flux_dnn
+from doubles import miopen as miopen_double  # tests/ is on sys.path (tests/conftest.py)
 from flux_dnn import _core
 
-from doubles import miopen as miopen_double  # tests/ is on sys.path (tests/conftest.py)
 from . import fdnn_ctypes as F
 
 FAKE_SOURCE = pathlib.Path(__file__).resolve().parent.parent / "fake_shim.c"

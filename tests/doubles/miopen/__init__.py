@@ -38,13 +38,23 @@ def build(directory: os.PathLike) -> pathlib.Path:
     flags = ["-std=c++17", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden"]
     flags += [f"-I{d}" for d in INCLUDES]
     hip = out / "libamdhip64.so.6"
-    subprocess.run([cxx, *flags, str(HERE / "hip_double.cpp"), "-Wl,-soname,libamdhip64.so.6", "-o", str(hip)], check=True)
+    subprocess.run(
+        [cxx, *flags, str(HERE / "hip_double.cpp"), "-Wl,-soname,libamdhip64.so.6", "-o", str(hip)], check=True
+    )
     tmp = out / "libMIOpen.so.1.tmp"
     subprocess.run(
-        [cxx, *flags, str(HERE / "miopen_double.cpp"), "-Wl,-soname,libMIOpen.so.1",
-         # MIOpen links its HIP runtime; the double uses none of it, so keep the link anyway
-         "-Wl,--no-as-needed", str(hip),
-         "-Wl,-rpath,$ORIGIN", "-o", str(tmp)],
+        [
+            cxx,
+            *flags,
+            str(HERE / "miopen_double.cpp"),
+            "-Wl,-soname,libMIOpen.so.1",
+            # MIOpen links its HIP runtime; the double uses none of it, so keep the link anyway
+            "-Wl,--no-as-needed",
+            str(hip),
+            "-Wl,-rpath,$ORIGIN",
+            "-o",
+            str(tmp),
+        ],
         check=True,
     )
     tmp.rename(miopen)  # atomic: a concurrent build never sees half a library
