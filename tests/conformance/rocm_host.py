@@ -78,6 +78,9 @@ class RocmHostArray:
     def __setitem__(self, index, value):
         self.host[index] = value.host if isinstance(value, RocmHostArray) else value
 
+    def __float__(self):
+        return float(self.host)
+
     def reshape(self, *shape):
         return RocmHostArray(self.host.reshape(*shape))
 
@@ -174,3 +177,15 @@ def use_double_if_wanted() -> None:
         digest.update(source.read_bytes())
     directory = pathlib.Path(tempfile.gettempdir()) / f"flux_dnn_miopen_double-{os.getuid()}-{digest.hexdigest()[:12]}"
     double.use(directory)
+
+
+def ones(shape: tuple, dtype: str) -> RocmHostArray:
+    """An array of ones, for a subprocess of a test (ArrayLibrary.source): sets the double up
+    in that process as the suite's conftest does in its own."""
+    use_double_if_wanted()
+    register_adapter()
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return RocmHostArray(np.ones(shape, ml_dtypes.bfloat16))
+    return RocmHostArray(np.ones(shape, dtype))
