@@ -350,9 +350,11 @@ class RocmHostLibrary(ArrayLibrary):
 
         if os.environ.get("FLUX_DNN_MIOPEN_REAL") == "1":
             return "FLUX_DNN_MIOPEN_REAL=1: host memory is not AMD GPU memory (the test double is off)"
-        from .rocm_host import register_adapter
+        from . import rocm_host
 
-        register_adapter()
+        if rocm_host.double_failure:
+            return rocm_host.double_failure
+        rocm_host.register_adapter()
         return None
 
     def missing_dtype(self, dtype):

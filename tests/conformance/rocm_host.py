@@ -161,6 +161,10 @@ def register_adapter():
     _adapters._BY_TYPE[RocmHostArray] = _adapter()
 
 
+#: why the double is not in this process, when building it failed
+double_failure = None
+
+
 def miopen_shim_installed() -> bool:
     return any(ep.name == "miopen" for ep in importlib.metadata.entry_points(group="flux_dnn.shims"))
 
@@ -175,8 +179,12 @@ def use_double_if_wanted() -> None:
     digest = hashlib.sha256()
     for source in sorted(double.HERE.glob("*.cpp")) + sorted(double.INCLUDES[0].glob("*.hpp")):
         digest.update(source.read_bytes())
+    global double_failure
     directory = pathlib.Path(tempfile.gettempdir()) / f"flux_dnn_miopen_double-{os.getuid()}-{digest.hexdigest()[:12]}"
-    double.use(directory)
+    try:
+        double.use(directory)
+    except (RuntimeError, OSError) as exc:  # no C++ compiler: the rocm_host rows say so
+        double_failure = f"the MIOpen test double could not be built: {exc}"
 
 
 def ones(shape: tuple, dtype: str) -> RocmHostArray:

@@ -1,0 +1,155 @@
+"""What only the MIOpen shim does, through its C table with ctypes (below the core), on the
+MIOpen test double (tests/doubles/miopen) unless FLUX_DNN_MIOPEN_REAL=1.
+
+What every shim owes the header is in test_abi.py; the numbers it computes are the
+conformance suite's. Here: its names and versions, its words for a missing MIOpen and for a
+machine without an AMD GPU (fresh processes: this one has the double loaded), float64 and
+int32 limits refused before any vendor call, and the algorithm policies over immediate mode's
+solutions. On the double, the solutions are its two (id 2 "GEMM" with workspace, first in
+MIOpen's order; id 1 "Direct" without); the tests that rely on them say so."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from doubles import miopen as miopen_double
+
+from . import fdnn_ctypes as F
+from .fdnn_ctypes import ABI, DeviceDescribeArgs, Shim, conv_args, new, tensor
+from .shims import SOURCES, open_shim
+
+ROCM = (ABI.DEVICE_ROCM, 0)
+OPS = (ABI.CONV_FORWARD, ABI.CONV_BACKWARD_DATA, ABI.CONV_BACKWARD_WEIGHT)
+ON_DOUBLE = miopen_double.wanted()
+
+
+@pytest.fixture(scope="module")
+def miopen(tmp_path_factory) -> Shim:
+    shim = open_shim("miopen", tmp_path_factory)
+    if shim.reason() is not None:
+        pytest.skip(f"the MIOpen shim cannot run here: {shim.reason()}")
+    return shim
+
+
+def _problem(op=ABI.CONV_FORWARD, dtype="float32", lo=1, hi=1, **fields):
+    t = F.DTYPES[dtype]
+    x, w = tensor([2, 4, 8, 8], t, ROCM), tensor([6, 4, 3, 3], t, ROCM)
+    out = 8 + lo + hi - 2
+    y = tensor([2, 6, out, out], t, ROCM)
+    args = conv_args(x, w, y, op=op, padding=lo)
+    for i in range(2):
+        args.padding_hi[i] = hi
+    for k, v in fields.items():
+        setattr(args, k, v)
+    return args
+
+
+def _plan(shim, args):
+    error = shim.call("Conv_Plan_Create", args)
+    assert error is None, error
+    result = (args.workspace_size, args.chosen_algo_id, args.algo_name.decode())
+    shim.destroy(args.plan)
+    return result
+
+
+def _fresh_info(shim_path: str, env: dict) -> str:
+    """Shim_Info's (num_devices, unavailable_reason, runtime version) in a new process."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[2]); from abi.fdnn_ctypes import Shim; "
+        "i = Shim(sys.argv[1]).info(); print(i.num_devices); "
+        "print((i.unavailable_reason or b'').decode().replace(chr(10), ' ')); print(i.vendor_version_runtime.decode())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, shim_path, tests], capture_output=True, text=True, env=env, check=True
+    )
+    return done.stdout
+
+
+def test_info_names_miopen(miopen):
+    info = miopen.info()
+    assert (info.shim_name, info.vendor_name) == (b"miopen", b"MIOpen")
+    assert info.device_type == ABI.DEVICE_ROCM and info.priority == ABI.PRIORITY_VENDOR
+    assert re.fullmatch(rb"\d+\.\d+\.\d+", info.vendor_version_runtime)
+    assert not miopen.api.Conv_Plan_Pack_Weights  # MIOpen reads w as it is
+
+
+def test_device_name_names_miopen(miopen):
+    args = new(DeviceDescribeArgs, device_id=0)
+    assert miopen.call("Device_Describe", args) is None
+    assert b"(MIOpen " in args.name and args.default_flags == 0
+
+
+def test_info_says_miopen_is_missing(tmp_path):
+    """No MIOpen anywhere the shim looks: it loads, and says so in words."""
+    source = SOURCES.get("miopen")
+    if source is None or source.missing:
+        pytest.skip("no MIOpen shim library here")
+    env = {**os.environ, "FLUX_DNN_MIOPEN_LIBRARY": str(tmp_path / "none" / "libMIOpen.so.1")}
+    env["ROCM_PATH"] = str(tmp_path / "no-rocm")
+    if os.path.exists("/opt/rocm/lib/libMIOpen.so.1"):
+        pytest.skip("a MIOpen is installed in /opt/rocm")
+    devices, reason, version = _fresh_info(source.library, env).splitlines()
+    assert devices == "0" and version == ""
+    assert reason.startswith("MIOpen not found (libMIOpen.so.1"), reason
+
+
+@pytest.mark.skipif(not ON_DOUBLE, reason="FLUX_DNN_MIOPEN_REAL=1: the no-GPU case needs the double")
+def test_info_says_there_is_no_amd_gpu(miopen, tmp_path):
+    """The HIP runtime reports no device (hipErrorNoDevice): the shim says so, with the
+    MIOpen version it found."""
+    env = {**os.environ, "FLUX_DNN_HIP_DOUBLE_DEVICES": "0"}
+    devices, reason, version = _fresh_info(miopen.path, env).splitlines()
+    assert devices == "0" and version
+    assert reason == f"no AMD GPU found (the HIP runtime reports no device; MIOpen {version} is installed)"
+
+
+def test_float64_is_refused_with_the_reason(miopen):
+    caps = miopen.capabilities(ABI.CONV_FORWARD, F.DTYPES["float64"])
+    assert caps.support == ABI.SUPPORT_NONE and caps.detail == b"MIOpen has no float64 convolution"
+    code, message = miopen.call("Conv_Plan_Create", _problem(dtype="float64"))
+    assert code == "UNSUPPORTED" and "float64" in message
+
+
+def test_sizes_beyond_int32_are_refused_before_any_vendor_call(miopen):
+    x, w = tensor([1, 1, 65536, 65536], device=ROCM), tensor([1, 1, 1, 1], device=ROCM)
+    y = tensor([1, 1, 65536, 65536], device=ROCM)
+    code, message = miopen.call("Conv_Plan_Create", conv_args(x, w, y))
+    assert code == "UNSUPPORTED" and "int32" in message, message
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_given_id_reproduces_the_choice(miopen, op):
+    for policy in (ABI.ALGO_HEURISTIC, ABI.ALGO_BENCHMARK):
+        ws, algo, name = _plan(miopen, _problem(op, algo_policy=policy))
+        assert name.startswith(f"miopen solution {algo} (")
+        assert _plan(miopen, _problem(op, algo_policy=ABI.ALGO_GIVEN, algo_id=algo)) == (ws, algo, name)
+
+
+def test_an_unknown_solution_id_is_refused(miopen):
+    code, message = miopen.call("Conv_Plan_Create", _problem(algo_policy=ABI.ALGO_GIVEN, algo_id=987654))
+    assert code == "INVALID_ARGUMENT" and "987654" in message
+
+
+@pytest.mark.skipif(not ON_DOUBLE, reason="relies on the double's two solutions")
+def test_solutions_follow_the_workspace_limit_and_determinism(miopen):
+    ws, algo, name = _plan(miopen, _problem())
+    assert (algo, name) == (2, "miopen solution 2 (GEMM)") and ws > 0  # MIOpen's first
+    assert _plan(miopen, _problem(workspace_limit=0))[:2] == (0, 1)  # the one needing none
+    assert _plan(miopen, _problem(flags=ABI.CONV_DETERMINISTIC))[1] == 1
+
+
+@pytest.mark.skipif(not ON_DOUBLE, reason="relies on the double's solution 1 (no workspace)")
+def test_asymmetric_padding_takes_a_padded_copy_in_the_workspace(miopen):
+    """MIOpen pads symmetrically: x (2, 4, 8, 8) padded (1, 2) goes to an (11, 11) copy."""
+    direct = dict(algo_policy=ABI.ALGO_GIVEN, algo_id=1)
+    symmetric = _plan(miopen, _problem(**direct))[0]
+    asymmetric = _plan(miopen, _problem(lo=1, hi=2, **direct))[0]
+    assert symmetric == 0 and asymmetric >= 2 * 4 * 11 * 11 * 4
+    code, message = miopen.call("Conv_Plan_Create", _problem(lo=1, hi=2, workspace_limit=100))
+    assert code == "UNSUPPORTED" and "workspace" in message
