@@ -485,8 +485,9 @@ Solution benchmark(const FDNN_Plan& p, miopenHandle_t h, const std::vector<Solut
   check_hip(hip().EventCreate(&stop), "hipEventCreate");
   Solution best = cands.front();
   float best_ms = INFINITY;
-  try {
-    for (const Solution& s : cands) {
+  std::string first_failure;
+  for (const Solution& s : cands) {
+    try {
       compile(p, h, s.id);
       run_convolution(p, h, base, s, workspace);  // warm-up
       check_hip(hip().EventRecord(start, stream), "hipEventRecord");
@@ -496,14 +497,14 @@ Solution benchmark(const FDNN_Plan& p, miopenHandle_t h, const std::vector<Solut
       float ms = 0.f;
       check_hip(hip().EventElapsedTime(&ms, start, stop), "hipEventElapsedTime");
       if (ms < best_ms) best_ms = ms, best = s;
+    } catch (const Failure& f) {  // a candidate that fails here is no candidate
+      if (first_failure.empty()) first_failure = f.what();
     }
-  } catch (...) {
-    hip().EventDestroy(start);
-    hip().EventDestroy(stop);
-    throw;
   }
   hip().EventDestroy(start);
   hip().EventDestroy(stop);
+  if (best_ms == INFINITY)
+    fail(FDNN_ERROR_VENDOR, "miopen: no candidate solution ran: %s", first_failure.c_str());
   return best;
 }
 
