@@ -153,3 +153,44 @@ def test_asymmetric_padding_takes_a_padded_copy_in_the_workspace(miopen):
     assert symmetric == 0 and asymmetric >= 2 * 4 * 11 * 11 * 4
     code, message = miopen.call("Conv_Plan_Create", _problem(lo=1, hi=2, workspace_limit=100))
     assert code == "UNSUPPORTED" and "workspace" in message
+
+
+_CONV_ON_ROCM = """
+import numpy as np, flux_dnn
+from conformance import rocm_host
+rocm_host.register_adapter()
+x, w = (rocm_host.RocmHostArray(np.ones(s, np.float32)) for s in ((1, 2, 5, 5), (2, 2, 3, 3)))
+try:
+    flux_dnn.conv2d(x, w)
+except flux_dnn.DeviceUnavailableError as e:
+    print(e)
+"""
+
+
+def _conv_error(env: dict) -> str:
+    """What flux_dnn.conv2d says for ROCm arrays in a new process with `env`."""
+    from conformance.rocm_host import miopen_shim_installed
+
+    if not miopen_shim_installed():
+        pytest.skip("flux-dnn-rocm is not installed (the error comes through its entry point)")
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", _CONV_ON_ROCM], capture_output=True, text=True, env=env, cwd=tests)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_convolution_says_miopen_is_missing(tmp_path):
+    if os.path.exists("/opt/rocm/lib/libMIOpen.so.1"):
+        pytest.skip("a MIOpen is installed in /opt/rocm")
+    env = {**os.environ, "FLUX_DNN_MIOPEN_LIBRARY": str(tmp_path / "libMIOpen.so.1"), "ROCM_PATH": str(tmp_path)}
+    message = _conv_error(env)
+    assert "no usable flux_dnn shim for ROCm arrays" in message and "MIOpen not found" in message, message
+    assert "pip install flux-dnn-rocm" in message
+
+
+@pytest.mark.skipif(not ON_DOUBLE, reason="FLUX_DNN_MIOPEN_REAL=1: the no-GPU case needs the double")
+def test_a_convolution_says_there_is_no_amd_gpu(tmp_path):
+    library = miopen_double.build(tmp_path / "double")
+    env = {**os.environ, "FLUX_DNN_MIOPEN_LIBRARY": str(library), "FLUX_DNN_HIP_DOUBLE_DEVICES": "0"}
+    message = _conv_error(env)
+    assert "shim 'miopen': no AMD GPU found (the HIP runtime reports no device" in message, message
