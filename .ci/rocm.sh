@@ -7,6 +7,17 @@
 set -euo pipefail
 work="$1"
 start=$SECONDS
+# The HIP half of the shim's own declarations against Debian's HIP header (libamdhip64-dev),
+# compiled only: a wrong arity, size or error code fails here.
+if [ ! -f /usr/include/hip/hip_runtime_api.h ] && command -v apt-get >/dev/null; then
+  apt-get install -y --no-install-recommends libamdhip64-dev >/dev/null 2>&1 ||
+    echo "WARNING: libamdhip64-dev could not be installed"
+fi
+if [ -f /usr/include/hip/hip_runtime_api.h ]; then
+  c++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror csrc/shims/miopen/check_hip_declarations.cpp
+else
+  echo "WARNING: no HIP header: the shim's HIP declarations were not checked against it"
+fi
 python -m pip install --quiet scikit-build-core
 python -m pip wheel --quiet --no-build-isolation --no-deps -w "$work/wheels-rocm" \
   ./packaging/flux-dnn-rocm -C cmake.define.FLUX_DNN_WERROR=ON -C build-dir="$work/build-rocm"
