@@ -167,12 +167,16 @@ except flux_dnn.DeviceUnavailableError as e:
 """
 
 
-def _conv_error(env: dict) -> str:
-    """What flux_dnn.conv2d says for ROCm arrays in a new process with `env`."""
+def _require_installed():
     from conformance.rocm_host import miopen_shim_installed
 
     if not miopen_shim_installed():
         pytest.skip("flux-dnn-rocm is not installed (the error comes through its entry point)")
+
+
+def _conv_error(env: dict) -> str:
+    """What flux_dnn.conv2d says for ROCm arrays in a new process with `env`."""
+    _require_installed()
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-c", _CONV_ON_ROCM], capture_output=True, text=True, env=env, cwd=tests)
     assert done.returncode == 0, done.stderr
@@ -190,6 +194,7 @@ def test_a_convolution_says_miopen_is_missing(tmp_path):
 
 @pytest.mark.skipif(not ON_DOUBLE, reason="FLUX_DNN_MIOPEN_REAL=1: the no-GPU case needs the double")
 def test_a_convolution_says_there_is_no_amd_gpu(tmp_path):
+    _require_installed()
     library = miopen_double.build(tmp_path / "double")
     env = {**os.environ, "FLUX_DNN_MIOPEN_LIBRARY": str(library), "FLUX_DNN_HIP_DOUBLE_DEVICES": "0"}
     message = _conv_error(env)
