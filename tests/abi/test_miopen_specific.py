@@ -199,3 +199,16 @@ def test_a_convolution_says_there_is_no_amd_gpu(tmp_path):
     env = {**os.environ, "FLUX_DNN_MIOPEN_LIBRARY": str(library), "FLUX_DNN_HIP_DOUBLE_DEVICES": "0"}
     message = _conv_error(env)
     assert "shim 'miopen': no AMD GPU found (the HIP runtime reports no device" in message, message
+
+
+def test_miopen_databases_go_to_a_per_user_folder_unless_the_caller_chose(miopen, tmp_path):
+    """Before MIOpen loads, the shim points MIOPEN_USER_DB_PATH and MIOPEN_CUSTOM_CACHE_DIR
+    at $XDG_CACHE_HOME/flux_dnn/miopen (made 0700) when unset, and leaves a caller's alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIOPEN_")}
+    _fresh_info(miopen.path, {**env, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    root = tmp_path / "cache" / "flux_dnn" / "miopen"
+    assert (root / "db").is_dir() and (root / "kernels").is_dir()
+    assert (root.stat().st_mode & 0o777) == 0o700
+    mine = tmp_path / "mine"
+    _fresh_info(miopen.path, {**env, "XDG_CACHE_HOME": str(tmp_path / "other"), "MIOPEN_USER_DB_PATH": str(mine)})
+    assert not (tmp_path / "other").exists()

@@ -138,22 +138,21 @@ void make_dirs(const std::string& path) {
 // processes. Its defaults (~/.config/miopen, ~/.cache/miopen) are per user already; the
 // shim only fills in a per-user folder of its own when the caller set neither, and never
 // overrides a caller's choice.
-std::string set_database_directory() {
+void set_database_directory() {
   const char* user_db = std::getenv("MIOPEN_USER_DB_PATH");
-  if (user_db && *user_db) return user_db;
+  if (user_db && *user_db) return;
   std::string base;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
     base = xdg;
   else if (const char* home = std::getenv("HOME"); home && *home)
     base = std::string(home) + "/.cache";
   else
-    return "";  // no home: MIOpen's own defaults
+    return;  // no home: MIOpen's own defaults
   std::string root = base + "/flux_dnn/miopen";
   make_dirs(root + "/db");
   make_dirs(root + "/kernels");
   ::setenv("MIOPEN_USER_DB_PATH", (root + "/db").c_str(), 0);
   ::setenv("MIOPEN_CUSTOM_CACHE_DIR", (root + "/kernels").c_str(), 0);
-  return root + "/db";
 }
 
 std::string hip_error_text(const Hip& hip, hipError_t e) {
@@ -163,7 +162,7 @@ std::string hip_error_text(const Hip& hip, hipError_t e) {
 
 Libraries load() {
   Libraries L;
-  std::string db = set_database_directory();
+  set_database_directory();
   std::string tried;
   void* miopen = open_miopen(&L.miopen_path, &tried);
   if (miopen == nullptr) {
@@ -202,11 +201,6 @@ Libraries load() {
 const Libraries& libraries() {
   static const Libraries loaded = load();
   return loaded;
-}
-
-std::string database_directory() {
-  const char* user_db = std::getenv("MIOPEN_USER_DB_PATH");
-  return user_db ? user_db : "";
 }
 
 }  // namespace fdnn_miopen

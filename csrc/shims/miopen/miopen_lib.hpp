@@ -71,8 +71,4 @@ struct Libraries {
 // Loads both once (thread-safe) and reports what it found; never throws.
 const Libraries& libraries();
 
-// The MIOpen database directories (MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR) this
-// process uses: the caller's when set, else a per-user folder the shim set before loading.
-std::string database_directory();
-
 }  // namespace fdnn_miopen
