@@ -20,6 +20,7 @@ import pytest
 from doubles import miopen as miopen_double
 
 from . import fdnn_ctypes as F
+from . import problems as P
 from .fdnn_ctypes import ABI, DeviceDescribeArgs, Shim, conv_args, new, tensor
 from .shims import SOURCES, open_shim
 
@@ -212,3 +213,32 @@ def test_miopen_databases_go_to_a_per_user_folder_unless_the_caller_chose(miopen
     mine = tmp_path / "mine"
     _fresh_info(miopen.path, {**env, "XDG_CACHE_HOME": str(tmp_path / "other"), "MIOPEN_USER_DB_PATH": str(mine)})
     assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.skipif(not ON_DOUBLE, reason="executes on host memory: the double's")
+@pytest.mark.parametrize("op", ["forward", "backward_data", "backward_weight"])
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_grouped_dilated_asymmetric_with_epilogue(miopen, rng, op, rank):
+    """Everything MIOpen lacks at once: groups with dilation (one call per group), asymmetric
+    padding (a padded copy), alpha and beta (tensor ops), a bias or its gradient, 1-D as 2-D;
+    against the float64 reference."""
+    problem = P.Problem(
+        miopen,
+        op=op,
+        rank=rank,
+        groups=2,
+        dilation=2,
+        lo=2,
+        hi=1,
+        alpha=0.5,
+        beta=0.25,
+        bias=op != "backward_data",
+        seed=int(rng.integers(2**31)),
+    )
+    handle, size = P.plan(miopen, problem)
+    try:
+        assert problem.args.algo_name.decode().endswith(", one call per group")  # owned by the plan
+        assert miopen.call("Conv_Plan_Execute", problem.execute_args(handle, size)) is None
+    finally:
+        miopen.destroy(handle)
+    P.check_result(problem)
