@@ -12,6 +12,7 @@ from ._geometry import is_channels_last  # noqa: F401 (its old home; the rule li
 
 CPU = _core.DEVICE_CPU
 CUDA = _core.DEVICE_CUDA
+ROCM = _core.DEVICE_ROCM  # kDLROCM: PyTorch ROCm tensors, CuPy ROCm arrays, JAX ROCm arrays
 DTYPE_BFLOAT = _core.DTYPE_BFLOAT  # DLPack's dtype code for bfloat16 (kDLBfloat)
 
 # What flux_dnn convolves; a NumPy array of another dtype is refused naming these.
@@ -78,8 +79,10 @@ class ArrayAPIAdapter:
 
     def stream(self, like):
         # For a bare DLPack GPU array, the legacy default stream (DLPack's stream=1) is the
-        # one both sides agree on without knowing each other.
-        return None if self.device(like)[0] == CPU else 1
+        # one both sides agree on without knowing each other. DLPack has no 1 on ROCm: None
+        # there is the default stream, and the shim is handed the same (NULL).
+        device_type = self.device(like)[0]
+        return None if device_type in (CPU, ROCM) else 1
 
     def sum_over(self, a, axes):
         """a summed over axes, in a's dtype (conv_backward_bias)."""
@@ -217,8 +220,11 @@ class TorchAdapter(ArrayAPIAdapter):
             return None
         import torch
 
+        stream = torch.cuda.current_stream(like.device).cuda_stream
+        if torch.version.hip is not None:
+            return stream  # ROCm (torch.cuda is HIP there): 0 is DLPack's default stream
         # DLPack disallows 0 on CUDA; torch's default stream is the legacy one: say 1.
-        return torch.cuda.current_stream(like.device).cuda_stream or 1
+        return stream or 1
 
     def workspace(self, like, nbytes):
         import torch
@@ -234,7 +240,9 @@ class CupyAdapter(ArrayAPIAdapter):
         return (type(a), a.shape, a.dtype, a.strides, a.device.id)
 
     def device(self, a):
-        return (CUDA, int(a.device.id))
+        import cupy
+
+        return (ROCM if cupy.cuda.runtime.is_hip else CUDA, int(a.device.id))
 
     def dtype_name(self, a, argname="array"):
         return a.dtype.name
@@ -255,7 +263,10 @@ class CupyAdapter(ArrayAPIAdapter):
         import cupy
 
         with like.device:
-            return cupy.cuda.get_current_stream().ptr or 1  # 0 means legacy default: say 1
+            ptr = cupy.cuda.get_current_stream().ptr
+            if cupy.cuda.runtime.is_hip:
+                return ptr  # ROCm: 0 is DLPack's default stream
+            return ptr or 1  # 0 means legacy default: say 1
 
     def workspace(self, like, nbytes):
         import cupy

@@ -332,10 +332,12 @@ class Registry:
                 f"to add one: {hint}"
             )
         lines = [f"no usable flux_dnn shim for {device} arrays (DLPack device type {device_type}):"]
+        hints = []  # each failed shim's own hint, once (two plug-ins for one device: both)
         for e in failures:
             lines.append(f"  shim {e.name!r}: {e.why_not()}")
-            hint = e.spec.install_hint if e.spec and e.spec.install_hint else hint
-        lines.append(f"  to fix: {hint}")
+            if e.spec and e.spec.install_hint and e.spec.install_hint not in hints:
+                hints.append(e.spec.install_hint)
+        lines.append(f"  to fix: {'; or: '.join(hints) or hint}")
         return "\n".join(lines)
 
     def statuses(self, load: bool = True) -> list:

@@ -4,6 +4,8 @@ A test with a `shim` argument runs once per library found here, without naming a
   - every shim the installed packages register (entry points of group flux_dnn.shims, as
     flux_dnn itself finds them: flux_dnn's own shims and plug-in wheels such as
     flux-dnn-cuda13), loaded after the entry point's own preload of its vendor libraries;
+  - the MIOpen shim (flux-dnn-rocm) on the MIOpen test double, tests/doubles/miopen, unless
+    FLUX_DNN_MIOPEN_REAL=1 (an AMD machine);
   - any library named by FLUX_DNN_<NAME>_SHIM (it replaces the registered shim of that name);
   - tests/fake_shim.c built complete (FAKE_COMPLETE), once usable ("fake") and once
     reporting itself unavailable ("fake_unavailable"), when a C compiler is here: a shim with
@@ -26,6 +28,7 @@ from collections.abc import Callable
 import pytest
 
 import flux_dnn
+from doubles import miopen as miopen_double  # tests/ is on sys.path (tests/conftest.py)
 from flux_dnn import _core
 
 from . import fdnn_ctypes as F
@@ -135,6 +138,10 @@ def compile_fake(directory: pathlib.Path, name: str, *defines: str) -> str:
 def _opened(name: str, build_dir: pathlib.Path) -> F.Shim:
     source = SOURCES[name]
     library = source.library or compile_fake(build_dir, name, *source.defines)
+    if name == "miopen" and miopen_double.wanted():
+        # No AMD GPU or MIOpen here: the shim runs on the test double (tests/doubles/miopen),
+        # which checks its plumbing against MIOpen's contracts (FLUX_DNN_MIOPEN_REAL=1: not).
+        miopen_double.use(build_dir / "miopen_double")
     if source.preload is not None:
         try:
             source.preload()

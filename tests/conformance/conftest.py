@@ -22,6 +22,11 @@ import flux_dnn
 from flux_dnn import _core
 
 from .libraries import CPU, LAYOUTS, all_libraries
+from .rocm_host import use_double_if_wanted
+
+# The MIOpen shim (flux-dnn-rocm) runs on its test double here, before any shim is loaded:
+# no AMD GPU or MIOpen is needed, and FLUX_DNN_MIOPEN_REAL=1 leaves a real MIOpen in charge.
+use_double_if_wanted()
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 RANKS = (1, 2, 3)
@@ -253,6 +258,25 @@ def _chosen_backends(first_only: bool, where) -> list:
     return list(per_shim.values())
 
 
+# Known gaps of one shim that its capabilities cannot express, as strict xfails: the case still
+# runs (so a fix shows as an unexpected pass and fails the run), and the reason is written once
+# here, not in a CI script. Key: (shim, test function); value: (axes that fail, reason).
+KNOWN_SHIM_GAPS = {
+    ("miopen", "test_results_are_rounded_once"): (
+        lambda axes: axes.get("dtype") in ("float16", "bfloat16"),
+        "MIOpen writes a 16-bit convolution in the output dtype and beta accumulates onto that "
+        "rounded value: float16/bfloat16 results with beta != 0 are rounded twice (README, AMD GPUs)",
+    ),
+}
+
+
+def _known_gap_marks(shim: str, test_name: str, axes: dict) -> list:
+    gap = KNOWN_SHIM_GAPS.get((shim, test_name))
+    if gap is None or not gap[0](axes):
+        return []
+    return [pytest.mark.xfail(reason=gap[1], strict=True)]
+
+
 def pytest_generate_tests(metafunc):
     if "backend" not in metafunc.fixturenames:
         return
@@ -271,7 +295,8 @@ def pytest_generate_tests(metafunc):
             if not _exists(b.library, dict(zip(axes, combo))):
                 continue
             ids = [b.id, *(_axis_id(n, v) for n, v in zip(axes, combo))]
-            params.append(pytest.param(b, *combo, id="-".join(ids), marks=marks))
+            gaps = _known_gap_marks(b.status.name, metafunc.definition.originalname, dict(zip(axes, combo)))
+            params.append(pytest.param(b, *combo, id="-".join(ids), marks=[*marks, *gaps]))
     if not params:
         what = getattr(where, "__doc__", None) or "one this test concerns"
         params.append(

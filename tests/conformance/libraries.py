@@ -14,7 +14,7 @@ import importlib.util
 
 import numpy as np
 
-CPU, CUDA = 1, 2  # DLPack device types
+CPU, CUDA, ROCM = 1, 2, 10  # DLPack device types
 LAYOUTS = ("contiguous", "channels_last")
 
 
@@ -107,7 +107,7 @@ class ArrayLibrary:
         return all(s == 1 or x == y for s, x, y in zip(a.shape, strides, expected))
 
     def __repr__(self):
-        return f"{self.name}[{'CPU' if self.device_type == CPU else 'CUDA'}]"
+        return f"{self.name}[{ {CPU: 'CPU', CUDA: 'CUDA', ROCM: 'ROCm'}.get(self.device_type, '?') }]"
 
 
 def numpy_dtype(name: str):
@@ -166,6 +166,12 @@ class TorchLibrary(ArrayLibrary):
             self.load()
             if not self.module.cuda.is_available():
                 return "no CUDA device: torch sees none"
+        if reason is None and self.device_type == ROCM:
+            self.load()
+            if self.module.version.hip is None:
+                return "not a ROCm build of torch (torch.version.hip is None)"
+            if not self.module.cuda.is_available():
+                return "no AMD GPU: torch (ROCm) sees none"
         return reason
 
     def array(self, values, dtype, layout="contiguous"):
@@ -193,7 +199,7 @@ class TorchLibrary(ArrayLibrary):
         return self.module.cuda.stream(self.module.cuda.Stream())
 
     def synchronize(self):
-        if self.device_type == CUDA:
+        if self.device_type != CPU:
             self.module.cuda.synchronize()
 
     def source(self, shape, dtype):
@@ -204,10 +210,16 @@ class CupyLibrary(ArrayLibrary):
     name = "cupy"
     device_type = CUDA
 
+    def __init__(self, device_type=CUDA):
+        super().__init__()
+        self.device_type = device_type
+
     def unavailable(self):
         reason = super().unavailable()
         if reason is None:
             self.load()
+            if self.module.cuda.runtime.is_hip != (self.device_type == ROCM):
+                return "CuPy is built for " + ("ROCm" if self.module.cuda.runtime.is_hip else "CUDA")
             try:
                 if self.module.cuda.runtime.getDeviceCount() == 0:
                     return "no CUDA device: CuPy sees none"
@@ -310,4 +322,70 @@ def with_strides(lib) -> bool:
 
 def all_libraries() -> list:
     """Every library the suite knows, one entry per device type it can hold."""
-    return [NumpyLibrary(), TorchLibrary(CPU), JaxLibrary(CPU), TorchLibrary(CUDA), CupyLibrary(), JaxLibrary(CUDA)]
+    return [
+        NumpyLibrary(),
+        TorchLibrary(CPU),
+        JaxLibrary(CPU),
+        TorchLibrary(CUDA),
+        CupyLibrary(),
+        JaxLibrary(CUDA),
+        TorchLibrary(ROCM),
+        CupyLibrary(ROCM),
+        RocmHostLibrary(),
+    ]
+
+
+class RocmHostLibrary(ArrayLibrary):
+    """NumPy memory reported as ROCm device 0 (rocm_host.py): the MIOpen shim on its test
+    double, tests/doubles/miopen. Plumbing only; never evidence about AMD GPUs."""
+
+    name = "rocm_host"
+    device_type = ROCM
+
+    def load(self):
+        return self  # no module of its own: NumPy memory behind a DLPack ROCm face
+
+    def unavailable(self):
+        import os
+
+        if os.environ.get("FLUX_DNN_MIOPEN_REAL") == "1":
+            return "FLUX_DNN_MIOPEN_REAL=1: host memory is not AMD GPU memory (the test double is off)"
+        from . import rocm_host
+
+        if rocm_host.double_failure:
+            return rocm_host.double_failure
+        rocm_host.register_adapter()
+        return None
+
+    def missing_dtype(self, dtype):
+        if dtype == "bfloat16" and importlib.util.find_spec("ml_dtypes") is None:
+            return "bfloat16 host arrays come from ml_dtypes, which is not installed"
+        return None
+
+    def array(self, values, dtype, layout="contiguous"):
+        from .rocm_host import RocmHostArray
+
+        return RocmHostArray(NumpyLibrary().array(values, dtype, layout))
+
+    def numpy(self, a):
+        return np.asarray(a.host).astype(np.float64)
+
+    def is_array(self, a):
+        from .rocm_host import RocmHostArray
+
+        return isinstance(a, RocmHostArray)
+
+    def dtype_name(self, a):
+        return a.host.dtype.name
+
+    def element_strides(self, a):
+        return tuple(s // a.host.itemsize for s in a.host.strides)
+
+    def source(self, shape, dtype):
+        import pathlib
+
+        tests = str(pathlib.Path(__file__).resolve().parent.parent)  # for conformance and doubles
+        return (
+            f"(__import__('sys').path.insert(0, {tests!r}), "
+            f"__import__('conformance.rocm_host', fromlist=['ones']).ones({shape!r}, {dtype!r}))[1]"
+        )
