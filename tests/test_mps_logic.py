@@ -29,7 +29,19 @@ def test_mps_decisions(tmp_path):
     exe = tmp_path / "test_mps_logic"
     includes = [f"-I{ROOT / d}" for d in ("csrc/include", "csrc/shims/common", "csrc/shims/mps")]
     subprocess.run(
-        [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", *includes, *map(str, SOURCES), "-o", str(exe), "-pthread"],
+        [
+            cxx,
+            "-std=c++17",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            *includes,
+            *map(str, SOURCES),
+            "-o",
+            str(exe),
+            "-pthread",
+        ],
         check=True,
     )
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)

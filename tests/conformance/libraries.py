@@ -14,7 +14,8 @@ import importlib.util
 
 import numpy as np
 
-CPU, CUDA = 1, 2  # DLPack device types
+CPU, CUDA, METAL = 1, 2, 8  # DLPack device types
+DEVICE_WORDS = {CPU: "CPU", CUDA: "CUDA", METAL: "Metal"}
 LAYOUTS = ("contiguous", "channels_last")
 
 
@@ -107,7 +108,7 @@ class ArrayLibrary:
         return all(s == 1 or x == y for s, x, y in zip(a.shape, strides, expected))
 
     def __repr__(self):
-        return f"{self.name}[{'CPU' if self.device_type == CPU else 'CUDA'}]"
+        return f"{self.name}[{DEVICE_WORDS.get(self.device_type, self.device_type)}]"
 
 
 def numpy_dtype(name: str):
@@ -158,7 +159,7 @@ class TorchLibrary(ArrayLibrary):
     def __init__(self, device_type=CPU):
         super().__init__()
         self.device_type = device_type
-        self.device = "cpu" if device_type == CPU else "cuda"
+        self.device = {CPU: "cpu", CUDA: "cuda", METAL: "mps"}[device_type]
 
     def unavailable(self):
         reason = super().unavailable()
@@ -166,7 +167,16 @@ class TorchLibrary(ArrayLibrary):
             self.load()
             if not self.module.cuda.is_available():
                 return "no CUDA device: torch sees none"
+        if reason is None and self.device_type == METAL:
+            self.load()
+            if not self.module.backends.mps.is_available():
+                return "no Metal device: torch.backends.mps.is_available() is False (not a Mac with MPS)"
         return reason
+
+    def missing_dtype(self, dtype):
+        if self.device_type == METAL and dtype == "float64":
+            return "PyTorch's MPS backend has no float64"
+        return None
 
     def array(self, values, dtype, layout="contiguous"):
         torch = self.module
@@ -188,13 +198,15 @@ class TorchLibrary(ArrayLibrary):
         return tuple(a.stride())
 
     def stream(self):
-        if self.device_type == CPU:
-            return None
+        if self.device_type != CUDA:
+            return None  # (MPS: DLPack has no Metal stream)
         return self.module.cuda.stream(self.module.cuda.Stream())
 
     def synchronize(self):
         if self.device_type == CUDA:
             self.module.cuda.synchronize()
+        elif self.device_type == METAL:
+            self.module.mps.synchronize()
 
     def source(self, shape, dtype):
         return f"__import__('torch').ones({shape!r}, dtype=__import__('torch').{dtype}, device={self.device!r})"
@@ -292,6 +304,55 @@ class JaxLibrary(ArrayLibrary):
         return f"__import__('jax').numpy.ones({shape!r}, {dtype!r})"
 
 
+class MlxLibrary(ArrayLibrary):
+    """MLX arrays on the Apple GPU (kDLMetal, MLX >= 0.32): immutable and without strides of
+    their own, like JAX's: no out=, contiguous layout only; no float64 on the GPU."""
+
+    name = "mlx"
+    device_type = METAL
+    writable = False
+    strided = False
+
+    def unavailable(self):
+        if importlib.util.find_spec("mlx") is None:
+            return "mlx is not installed"
+        self.load()
+        if not self.module.metal.is_available():
+            return "no Metal device: mlx.core.metal.is_available() is False"
+        return None
+
+    def load(self):
+        if self.module is None:
+            self.module = importlib.import_module("mlx.core")
+        return self
+
+    def missing_dtype(self, dtype):
+        return "MLX computes no float64 on the GPU" if dtype == "float64" else None
+
+    def array(self, values, dtype, layout="contiguous"):
+        assert layout == "contiguous", "MLX arrays have no layout of their own"
+        mx = self.module
+        host = np.asarray(values, dtype=np.float64).astype(np.float32)
+        a = mx.array(host).astype(getattr(mx, dtype))  # (bfloat16 by way of float32: exact)
+        mx.eval(a)
+        return a
+
+    def numpy(self, a):
+        return np.array(a.astype(self.module.float32)).astype(np.float64)
+
+    def is_array(self, a):
+        return isinstance(a, self.module.array)
+
+    def dtype_name(self, a):
+        return str(a.dtype).rsplit(".", 1)[-1]
+
+    def synchronize(self):
+        self.module.synchronize()
+
+    def source(self, shape, dtype):
+        return f"__import__('mlx.core').core.ones({shape!r}, dtype=__import__('mlx.core').core.{dtype})"
+
+
 # Which libraries a test concerns (matrix(where=...)); the docstring completes "a library ...".
 def on_cpu(lib) -> bool:
     """on the CPU"""
@@ -310,4 +371,13 @@ def with_strides(lib) -> bool:
 
 def all_libraries() -> list:
     """Every library the suite knows, one entry per device type it can hold."""
-    return [NumpyLibrary(), TorchLibrary(CPU), JaxLibrary(CPU), TorchLibrary(CUDA), CupyLibrary(), JaxLibrary(CUDA)]
+    return [
+        NumpyLibrary(),
+        TorchLibrary(CPU),
+        JaxLibrary(CPU),
+        TorchLibrary(CUDA),
+        CupyLibrary(),
+        JaxLibrary(CUDA),
+        TorchLibrary(METAL),
+        MlxLibrary(),
+    ]
