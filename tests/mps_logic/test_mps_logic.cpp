@@ -162,6 +162,15 @@ void test_capabilities_by_os() {
     CHECK(!(feats & (FDNN_FEATURE_DETERMINISTIC | FDNN_FEATURE_BENCHMARK |
                      FDNN_FEATURE_PACK_WEIGHTS | FDNN_FEATURE_REDUCED_PRECISION)));
   }
+  // The detail says what this OS does with layouts and ranks, and what it refuses.
+  const std::string d14 = capabilities(kMac14, FDNN_CONV_FORWARD, kF32).detail;
+  CHECK(contains(d14, "through transposes") && contains(d14, "65536") && contains(d14, "256"));
+  const std::string d15 = capabilities(kMac15_1, FDNN_CONV_FORWARD, kF32).detail;
+  CHECK(contains(d15, "natively") && !contains(d15, "65536") && contains(d15, "int32"));
+  CHECK(contains(capabilities(kMac13_1, FDNN_CONV_FORWARD, kF16).detail, "3-D from macOS 13.2"));
+  // Static storage: the same text, at the same address, every time.
+  CHECK(capabilities(kMac14, FDNN_CONV_FORWARD, kF32).detail ==
+        capabilities(kMac14, FDNN_CONV_BACKWARD_DATA, kF32).detail);
   CHECK(os_unavailable_reason(kMac12) != nullptr);
   CHECK(os_unavailable_reason(kMac13_0) == nullptr);
 }

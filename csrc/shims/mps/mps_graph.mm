@@ -349,9 +349,9 @@ void GraphBuilder::compile() {
     fail(FDNN_ERROR_VENDOR, "MPS shim: MPSGraph did not compile the %s graph", p_.name.c_str());
   auto in_order = [](NSArray<MPSGraphTensor*>* order, const std::vector<GraphTensorRole>& known) {
     std::vector<GraphTensorRole> out;
-    for (MPSGraphTensor* t in order)
+    for (MPSGraphTensor* t in order)  // (nil order: none found, refused below)
       for (const GraphTensorRole& k : known)
-        if (k.tensor == t) out.push_back(k);
+        if ([k.tensor isEqual:t]) out.push_back(k);
     if (out.size() != known.size())
       fail(FDNN_ERROR_INTERNAL, "MPS shim: the executable lists %zu of %zu graph tensors",
            out.size(), known.size());

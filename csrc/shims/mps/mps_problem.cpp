@@ -1,6 +1,8 @@
 #include "mps_problem.hpp"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 
@@ -22,7 +24,29 @@ constexpr uint32_t kFeatures = FDNN_FEATURE_GROUPS | FDNN_FEATURE_DILATION |
                                FDNN_FEATURE_ALPHA_BETA | FDNN_FEATURE_BIAS_GRADIENT |
                                FDNN_FEATURE_ASYMMETRIC_PADDING;
 
-Capabilities served(OsVersion os, int32_t op, const char* detail) {
+// What this OS does and refuses, in words, for a dtype's capabilities detail. Made once per
+// (OS version, dtype) and kept for the life of the process: the ABI wants static storage.
+const char* detail_text(OsVersion os, const char* kernels) {
+  static std::mutex mutex;
+  static std::map<std::string, std::string> texts;  // node-based: c_str() stays put
+  std::ostringstream key;
+  key << os.major << "." << os.minor << " " << kernels;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::string& text = texts[key.str()];
+  if (text.empty()) {
+    std::ostringstream t;
+    t << kernels << "; channels-last "
+      << (has_native_nhwc(os) ? "natively (NHWC)" : "through transposes in the graph (NHWC natively from macOS 15)")
+      << "; 3-D " << (has_conv3d(os) ? "served" : "from macOS 13.2")
+      << "; refused: filter dims >= 256, tensors beyond int32 element counts"
+      << (has_large_outputs(os) ? "" : ", output dims > 65536 (before macOS 15.1)") << " (macOS " << os.major
+      << "." << os.minor << ")";
+    text = t.str();
+  }
+  return text.c_str();
+}
+
+Capabilities served(OsVersion os, int32_t op, const char* kernels) {
   Capabilities c;
   c.support = FDNN_SUPPORT_NATIVE;
   c.spatial_ranks = (1u << 1) | (1u << 2) | (has_conv3d(os) ? 1u << 3 : 0u);
@@ -30,7 +54,7 @@ Capabilities served(OsVersion os, int32_t op, const char* detail) {
   // No feature bit for what MPSGraph does not promise: it documents no deterministic mode,
   // offers no algorithm choice to benchmark and keeps no packed weights.
   c.features = kFeatures;
-  c.detail = detail;
+  c.detail = detail_text(os, kernels);
   return c;
 }
 
@@ -46,17 +70,13 @@ const char* os_unavailable_reason(OsVersion os) {
 Capabilities capabilities(OsVersion os, int32_t op, FDNN_DLDataType dtype) {
   if (os_unavailable_reason(os) != nullptr)
     return fdnn_shim::not_computed("the MPS shim needs macOS 13 or later");
-  const bool conv3d = has_conv3d(os);
-  if (is_float(dtype, 32))
-    return served(os, op, conv3d ? "" : "3-D convolution needs macOS 13.2");
+  if (is_float(dtype, 32)) return served(os, op, "float32 kernels");
   if (is_float(dtype, 16))
-    return served(os, op,
-                  conv3d ? "float16 kernels; compute_type float32 casts to float32 in the graph"
-                         : "float16 kernels; 3-D convolution needs macOS 13.2");
+    return served(os, op, "float16 kernels (compute_type float32: cast to float32 in the graph)");
   if (is_bfloat16(dtype)) {
     if (!has_bfloat16(os))
       return fdnn_shim::not_computed("MPSGraph has bfloat16 from macOS 14 on (MPSDataTypeBFloat16)");
-    return served(os, op, "bfloat16 kernels (macOS 14+)");
+    return served(os, op, "bfloat16 kernels (compute_type float32: cast to float32 in the graph)");
   }
   if (is_float(dtype, 64)) return fdnn_shim::not_computed("Metal has no float64 arithmetic");
   return fdnn_shim::not_computed("MPSGraph convolution computes float32, float16 and bfloat16 only");
