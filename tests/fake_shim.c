@@ -23,6 +23,10 @@
  *                      device, capabilities and plans are FDNN_ERROR_UNAVAILABLE)
  *   FAKE_NULL_CAPABILITIES / FAKE_NULL_EXECUTE   leave that function out of the table
  *   FAKE_SHORT_TABLE   a table that ends before Conv_Plan_Pack_Weights
+ *   FAKE_OBJECT_DATA   with FAKE_COMPLETE: tensor data are objects, as Metal's MTLBuffers
+ *                      (ABI 2.1): execute takes each `data` as is and its byte offset from
+ *                      FDNN_Buffer_Offsets, and refuses a call without it. (The "objects"
+ *                      are host memory here, so the sums can still be computed.)
  * Without FAKE_COMPLETE, Conv_Plan_Create fails with error code (groups - 1000) when
  * groups > 1000.
  *
@@ -448,11 +452,33 @@ static FDNN_Error* compute(const FDNN_Plan* p, const FDNN_Conv_Plan_Execute_Args
 }
 #endif /* FAKE_COMPLETE */
 
+#if defined(FAKE_COMPLETE) && defined(FAKE_OBJECT_DATA)
+/* The execute args with data + the byte offsets of FDNN_Buffer_Offsets; NULL without them. */
+static int shift_by_offsets(const FDNN_Conv_Plan_Execute_Args* a, FDNN_Conv_Plan_Execute_Args* shifted) {
+  const FDNN_Extension_Base* e = a->extension_start;
+  while (e != NULL && e->type != FDNN_EXTENSION_BUFFER_OFFSETS) e = e->next;
+  if (e == NULL || e->struct_size < FDNN_Buffer_Offsets_STRUCT_SIZE) return 0;
+  const FDNN_Buffer_Offsets* o = (const FDNN_Buffer_Offsets*)e;
+  *shifted = *a;
+  shifted->x = a->x ? (char*)a->x + o->x_offset : NULL;
+  shifted->w = a->w ? (char*)a->w + o->w_offset : NULL;
+  shifted->y = a->y ? (char*)a->y + o->y_offset : NULL;
+  shifted->bias = a->bias ? (char*)a->bias + o->bias_offset : NULL;
+  return 1;
+}
+#endif
+
 static FDNN_Error* Conv_Plan_Execute(FDNN_Conv_Plan_Execute_Args* args) {
   CHECK_ARGS(args, FDNN_Conv_Plan_Execute_Args, "Conv_Plan_Execute");
   if (args->plan == NULL) return errorf(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Execute: plan is NULL");
   __atomic_add_fetch(&fake_executions, 1, __ATOMIC_RELAXED); /* executions may run at once */
-#ifdef FAKE_COMPLETE
+#if defined(FAKE_COMPLETE) && defined(FAKE_OBJECT_DATA)
+  FDNN_Conv_Plan_Execute_Args shifted;
+  if (!shift_by_offsets(args, &shifted))
+    return errorf(FDNN_ERROR_INVALID_ARGUMENT,
+                  "Conv_Plan_Execute: tensor data are objects here: their byte offsets must come in FDNN_Buffer_Offsets");
+  return compute(args->plan, &shifted);
+#elif defined(FAKE_COMPLETE)
   return compute(args->plan, args);
 #else
   if (args->plan->op == FDNN_CONV_FORWARD && args->plan->bits == 32) *(float*)args->y = 42.0f;

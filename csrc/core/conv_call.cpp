@@ -79,10 +79,29 @@ void check_operands(const Shim& shim, const ConvSpec& spec, const Roles& r,
   check_memory(all, names, written);
 }
 
-// [first byte, one past the last byte] an array touches.
+// Whether the array's `data` is an object, not an address (Metal: an id<MTLBuffer>): then
+// data + byte_offset means nothing, and a shim takes data and offset apart (ABI 2.1's
+// FDNN_Buffer_Offsets).
+bool data_is_object(const BorrowedTensor& t) {
+  return t.desc().device.device_type == FDNN_DEVICE_METAL;
+}
+
+// What Conv_Plan_Execute gets for an array: its first element, or on Metal its buffer.
+void* execute_pointer(const BorrowedTensor& t) {
+  if (!t.present()) return nullptr;
+  return data_is_object(t) ? t.desc().data : t.first_element();
+}
+
+uint64_t offset_of(const BorrowedTensor& t) {
+  return t.present() && data_is_object(t) ? t.desc().byte_offset : 0;
+}
+
+// [first byte, one past the last byte] an array touches; on Metal, bytes into its buffer
+// (arrays of two buffers never overlap: check_memory compares the buffers first).
 std::pair<uintptr_t, uintptr_t> byte_extent(const BorrowedTensor& t) {
   const FDNN_DLTensor& d = t.desc();
-  uintptr_t first = reinterpret_cast<uintptr_t>(t.first_element());
+  uintptr_t first = data_is_object(t) ? static_cast<uintptr_t>(d.byte_offset)
+                                      : reinterpret_cast<uintptr_t>(t.first_element());
   uint64_t span = 1;
   for (int i = 0; i < d.ndim; ++i) span += static_cast<uint64_t>(d.shape[i] - 1) * d.strides[i];
   return {first, first + span * ((d.dtype.bits + 7) / 8)};
@@ -108,6 +127,7 @@ void check_memory(const BorrowedTensor* all[4], const char* const names[4], cons
     auto [lo, hi] = byte_extent(*all[i]);
     for (int j = 0; j < 4; ++j) {
       if (j == i || !all[j]->present()) continue;
+      if (data_is_object(*all[i]) && all[i]->desc().data != all[j]->desc().data) continue;
       auto [other_lo, other_hi] = byte_extent(*all[j]);
       if (lo < other_hi && other_lo < hi)
         throw py::value_error(std::string(names[i]) + " shares memory with " + names[j] +
@@ -145,13 +165,15 @@ struct WorkspaceRefused {
 
 // Executes a plan on first-element pointers, with a workspace from the per-thread CPU buffer
 // or, on GPUs, from the array library's allocator.
+// `offsets` is chained when the arrays' data are objects (Metal), else NULL.
 void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle stream,
-             py::handle workspace_alloc) {
+             py::handle workspace_alloc, FDNN_Buffer_Offsets* offsets = nullptr) {
   FDNN_Conv_Plan_Execute_Args e{};
   e.x = x;
   e.w = w;
   e.y = y;
   e.bias = bias;
+  e.extension_start = reinterpret_cast<FDNN_Extension_Base*>(offsets);
   e.workspace_size = plan.workspace_size;
   e.stream = stream_pointer(stream);
   py::object workspace_array;  // keeps a GPU workspace alive until the work is enqueued
@@ -166,7 +188,8 @@ void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle
         throw WorkspaceRefused{plan.workspace_size, std::string(py::str(refused.value()))};
       }
       workspace.emplace(workspace_array, "workspace", stream);
-      e.workspace = workspace->first_element();
+      e.workspace = execute_pointer(*workspace);
+      if (offsets != nullptr) offsets->workspace_offset = offset_of(*workspace);
     }
   }
   py::gil_scoped_release no_gil;
@@ -188,9 +211,13 @@ void run_conv(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::ha
   BorrowedTensor bias(bias_array, r.bias, stream);  // None: not present
   check_operands(shim, spec, r, x, w, y, bias);
   void* stream_ptr = stream_pointer(stream);
+  FDNN_Buffer_Offsets offsets{FDNN_Buffer_Offsets_STRUCT_SIZE, FDNN_EXTENSION_BUFFER_OFFSETS,
+                              nullptr, offset_of(x), offset_of(w), offset_of(y), offset_of(bias),
+                              0};
   auto run = [&](const Plan& plan) {
-    execute(plan, x.first_element(), w.first_element(), y.first_element(),
-            bias.present() ? bias.first_element() : nullptr, stream, workspace_alloc);
+    execute(plan, execute_pointer(x), execute_pointer(w), execute_pointer(y),
+            execute_pointer(bias), stream, workspace_alloc,
+            data_is_object(x) ? &offsets : nullptr);
   };
   std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream_ptr);
   try {
@@ -318,7 +345,10 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
   FDNN_Conv_Plan_Pack_Weights_Args a{};
   a.struct_size = FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE;
   a.plan = plan->handle;
-  a.w = w.first_element();
+  a.w = execute_pointer(w);
+  FDNN_Buffer_Offsets offsets{FDNN_Buffer_Offsets_STRUCT_SIZE, FDNN_EXTENSION_BUFFER_OFFSETS,
+                              nullptr, 0, offset_of(w), 0, 0, 0};
+  if (data_is_object(w)) a.extension_start = reinterpret_cast<FDNN_Extension_Base*>(&offsets);
   a.stream = stream_pointer(stream);
   FDNN_Error* error;
   {
@@ -344,8 +374,11 @@ void PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_arr
   check_memory(all, names, written);
   std::optional<BorrowedTensor> w;
   if (!keep_w_.is_none()) w.emplace(keep_w_, "w", stream);
-  execute(*plan_, x.first_element(), w ? w->first_element() : nullptr, y.first_element(),
-          bias.present() ? bias.first_element() : nullptr, stream, workspace_alloc);
+  FDNN_Buffer_Offsets offsets{FDNN_Buffer_Offsets_STRUCT_SIZE, FDNN_EXTENSION_BUFFER_OFFSETS,
+                              nullptr, offset_of(x), w ? offset_of(*w) : 0, offset_of(y),
+                              offset_of(bias), 0};
+  execute(*plan_, execute_pointer(x), w ? execute_pointer(*w) : nullptr, execute_pointer(y),
+          execute_pointer(bias), stream, workspace_alloc, data_is_object(x) ? &offsets : nullptr);
 }
 
 }  // namespace fdnn_core

@@ -13,6 +13,7 @@ from ._geometry import is_channels_last  # noqa: F401 (its old home; the rule li
 CPU = _core.DEVICE_CPU
 CUDA = _core.DEVICE_CUDA
 ROCM = _core.DEVICE_ROCM  # kDLROCM: PyTorch ROCm tensors, CuPy ROCm arrays, JAX ROCm arrays
+METAL = _core.DEVICE_METAL  # kDLMetal: PyTorch MPS tensors, MLX arrays
 DTYPE_BFLOAT = _core.DTYPE_BFLOAT  # DLPack's dtype code for bfloat16 (kDLBfloat)
 
 # What flux_dnn convolves; a NumPy array of another dtype is refused naming these.
@@ -220,6 +221,11 @@ class TorchAdapter(ArrayAPIAdapter):
             return None
         import torch
 
+        if like.device.type == "mps":
+            # DLPack carries no Metal stream: torch's queued MPS work finishes before the MPS
+            # shim reads the tensors (the shim finishes its own work before it returns).
+            torch.mps.synchronize()
+            return None
         stream = torch.cuda.current_stream(like.device).cuda_stream
         if torch.version.hip is not None:
             return stream  # ROCm (torch.cuda is HIP there): 0 is DLPack's default stream
@@ -275,7 +281,49 @@ class CupyAdapter(ArrayAPIAdapter):
             return cupy.empty((nbytes,), dtype=cupy.uint8)
 
 
-_BY_MODULE = {"numpy": NumpyAdapter(), "torch": TorchAdapter(), "cupy": CupyAdapter()}
+class MlxAdapter(ArrayAPIAdapter):
+    """MLX arrays (MLX >= 0.32 exports kDLMetal). Lazy and without strides of their own:
+    outputs are allocated contiguous and evaluated, so they have memory to be written."""
+
+    name = "mlx"
+    has_views = False
+
+    def key(self, a):
+        return (type(a), tuple(a.shape), a.dtype, self.device(a))
+
+    def strides(self, a):
+        return None
+
+    def empty(self, like, shape, channels_last):
+        import mlx.core as mx
+
+        out = mx.zeros(shape, dtype=like.dtype)
+        mx.eval(out)
+        return out
+
+    def stream(self, like):
+        if self.device(like)[0] != METAL:
+            return None
+        import mlx.core as mx
+
+        # DLPack carries no Metal stream: MLX evaluates what is pending and waits for the
+        # GPU before the MPS shim reads the arrays.
+        mx.eval(like)
+        mx.synchronize()
+        return None
+
+    def sum_over(self, a, axes):
+        return a.sum(axis=tuple(axes))
+
+    def workspace(self, like, nbytes):
+        import mlx.core as mx
+
+        out = mx.zeros((nbytes,), dtype=mx.uint8)
+        mx.eval(out)
+        return out
+
+
+_BY_MODULE = {"numpy": NumpyAdapter(), "torch": TorchAdapter(), "cupy": CupyAdapter(), "mlx": MlxAdapter()}
 _GENERIC = ArrayAPIAdapter()
 _BY_TYPE: dict = {}  # array type -> its adapter, filled by adapter_for
 

@@ -210,6 +210,20 @@ class ConvPlanPackWeightsArgs(C.Structure):
     ]
 
 
+# ABI 2.1's extension for devices whose tensor data is an object (Metal): the byte offsets.
+class BufferOffsets(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("type", C.c_int32),
+        ("next", C.POINTER(ExtensionBase)),
+        ("x_offset", C.c_uint64),
+        ("w_offset", C.c_uint64),
+        ("y_offset", C.c_uint64),
+        ("bias_offset", C.c_uint64),
+        ("workspace_offset", C.c_uint64),
+    ]
+
+
 # The table: struct_size and the version first (as in every version), extension_start, then
 # one function pointer per field of the header's FDNN_Api, in its order.
 _TABLE_HEAD = [("struct_size", C.c_size_t), ("abi_major", C.c_int32), ("abi_minor", C.c_int32), EXT]
@@ -239,6 +253,7 @@ MIRRORS = {
     "FDNN_Plan_Destroy_Args": PlanDestroyArgs,
     "FDNN_Conv_Plan_Pack_Weights_Args": ConvPlanPackWeightsArgs,
     "FDNN_Api": Api,
+    "FDNN_Buffer_Offsets": BufferOffsets,
 }
 # The args struct of each table function: those that return an FDNN_Error*, and the void ones.
 ARGS_OF = {

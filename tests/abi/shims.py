@@ -63,6 +63,11 @@ def _registered() -> list:
             continue
         library = os.fspath(spec.library)
         missing = "" if os.path.exists(library) else f"its library {library} is not there (a build without it)"
+        if missing and spec.preload is not None:
+            try:  # a shim of another platform (the MPS shim off macOS) says why in its preload
+                spec.preload()
+            except Exception as exc:  # noqa: BLE001 -- reported as the reason it is not tested
+                missing = f"{exc} ({missing})"
         found.append(ShimSource(spec.name, origin, library, spec.preload, missing=missing))
     return found
 

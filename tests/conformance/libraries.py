@@ -14,7 +14,8 @@ import importlib.util
 
 import numpy as np
 
-CPU, CUDA, ROCM = 1, 2, 10  # DLPack device types
+CPU, CUDA, METAL, ROCM = 1, 2, 8, 10  # DLPack device types
+DEVICE_WORDS = {CPU: "CPU", CUDA: "CUDA", METAL: "Metal", ROCM: "ROCm"}
 LAYOUTS = ("contiguous", "channels_last")
 
 
@@ -107,7 +108,7 @@ class ArrayLibrary:
         return all(s == 1 or x == y for s, x, y in zip(a.shape, strides, expected))
 
     def __repr__(self):
-        return f"{self.name}[{ {CPU: 'CPU', CUDA: 'CUDA', ROCM: 'ROCm'}.get(self.device_type, '?') }]"
+        return f"{self.name}[{DEVICE_WORDS.get(self.device_type, self.device_type)}]"
 
 
 def numpy_dtype(name: str):
@@ -158,7 +159,7 @@ class TorchLibrary(ArrayLibrary):
     def __init__(self, device_type=CPU):
         super().__init__()
         self.device_type = device_type
-        self.device = "cpu" if device_type == CPU else "cuda"
+        self.device = {CPU: "cpu", CUDA: "cuda", METAL: "mps"}[device_type]
 
     def unavailable(self):
         reason = super().unavailable()
@@ -172,7 +173,16 @@ class TorchLibrary(ArrayLibrary):
                 return "not a ROCm build of torch (torch.version.hip is None)"
             if not self.module.cuda.is_available():
                 return "no AMD GPU: torch (ROCm) sees none"
+        if reason is None and self.device_type == METAL:
+            self.load()
+            if not self.module.backends.mps.is_available():
+                return "no Metal device: torch.backends.mps.is_available() is False (not a Mac with MPS)"
         return reason
+
+    def missing_dtype(self, dtype):
+        if self.device_type == METAL and dtype == "float64":
+            return "PyTorch's MPS backend has no float64"
+        return None
 
     def array(self, values, dtype, layout="contiguous"):
         torch = self.module
@@ -194,12 +204,14 @@ class TorchLibrary(ArrayLibrary):
         return tuple(a.stride())
 
     def stream(self):
-        if self.device_type == CPU:
-            return None
-        return self.module.cuda.stream(self.module.cuda.Stream())
+        if self.device_type in (CPU, METAL):
+            return None  # (MPS: DLPack has no Metal stream)
+        return self.module.cuda.stream(self.module.cuda.Stream())  # CUDA, and ROCm (HIP as torch.cuda)
 
     def synchronize(self):
-        if self.device_type != CPU:
+        if self.device_type == METAL:
+            self.module.mps.synchronize()
+        elif self.device_type != CPU:
             self.module.cuda.synchronize()
 
     def source(self, shape, dtype):
@@ -304,6 +316,55 @@ class JaxLibrary(ArrayLibrary):
         return f"__import__('jax').numpy.ones({shape!r}, {dtype!r})"
 
 
+class MlxLibrary(ArrayLibrary):
+    """MLX arrays on the Apple GPU (kDLMetal, MLX >= 0.32): immutable and without strides of
+    their own, like JAX's: no out=, contiguous layout only; no float64 on the GPU."""
+
+    name = "mlx"
+    device_type = METAL
+    writable = False
+    strided = False
+
+    def unavailable(self):
+        if importlib.util.find_spec("mlx") is None:
+            return "mlx is not installed"
+        self.load()
+        if not self.module.metal.is_available():
+            return "no Metal device: mlx.core.metal.is_available() is False"
+        return None
+
+    def load(self):
+        if self.module is None:
+            self.module = importlib.import_module("mlx.core")
+        return self
+
+    def missing_dtype(self, dtype):
+        return "MLX computes no float64 on the GPU" if dtype == "float64" else None
+
+    def array(self, values, dtype, layout="contiguous"):
+        assert layout == "contiguous", "MLX arrays have no layout of their own"
+        mx = self.module
+        host = np.asarray(values, dtype=np.float64).astype(np.float32)
+        a = mx.array(host).astype(getattr(mx, dtype))  # (bfloat16 by way of float32: exact)
+        mx.eval(a)
+        return a
+
+    def numpy(self, a):
+        return np.array(a.astype(self.module.float32)).astype(np.float64)
+
+    def is_array(self, a):
+        return isinstance(a, self.module.array)
+
+    def dtype_name(self, a):
+        return str(a.dtype).rsplit(".", 1)[-1]
+
+    def synchronize(self):
+        self.module.synchronize()
+
+    def source(self, shape, dtype):
+        return f"__import__('mlx.core').core.ones({shape!r}, dtype=__import__('mlx.core').core.{dtype})"
+
+
 # Which libraries a test concerns (matrix(where=...)); the docstring completes "a library ...".
 def on_cpu(lib) -> bool:
     """on the CPU"""
@@ -332,6 +393,8 @@ def all_libraries() -> list:
         TorchLibrary(ROCM),
         CupyLibrary(ROCM),
         RocmHostLibrary(),
+        TorchLibrary(METAL),
+        MlxLibrary(),
     ]
 
 

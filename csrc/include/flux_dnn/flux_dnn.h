@@ -56,6 +56,9 @@
  *       - tensor data must be aligned to its element size (was unsaid);
  *       - FDNN_DEFINE_STRUCT_TRAITS defines each _STRUCT_SIZE and checks it at compile time;
  *       - the table's functions are ordered by use; Conv_Plan_Pack_Weights may still be NULL.
+ *  2.1  FDNN_Buffer_Offsets, the first extension type: on a device whose tensor `data` is an
+ *       object, not an address (Metal's id<MTLBuffer>), Conv_Plan_Execute and
+ *       Conv_Plan_Pack_Weights take each `data` as it is and its byte offset in this extension.
  */
 #ifndef FLUX_DNN_FLUX_DNN_H_
 #define FLUX_DNN_FLUX_DNN_H_
@@ -68,7 +71,7 @@ extern "C" {
 #endif
 
 #define FDNN_ABI_MAJOR 2
-#define FDNN_ABI_MINOR 0
+#define FDNN_ABI_MINOR 1
 
 /* Size of a struct up to and including `last_field`: what a caller writes to struct_size. */
 #define FDNN_STRUCT_SIZE(type, last_field) \
@@ -108,8 +111,8 @@ extern "C" {
 /* Extensions                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* The head of every extension struct. No extension type is defined in 2.0; a later minor
- * version defines types from 1 up, each with its struct and the function it applies to. */
+/* The head of every extension struct. Types are numbered from 1 up, each with its struct and
+ * the functions it applies to, by the minor version that adds it (FDNN_EXTENSION_*). */
 typedef struct FDNN_Extension_Base {
   size_t struct_size;
   int32_t type;                     /* FDNN_EXTENSION_* of a later minor version */
@@ -430,7 +433,8 @@ typedef struct {
   FDNN_Extension_Base* extension_start;
   const FDNN_Plan* plan; /* borrowed; a plan may execute on several threads at once */
   /* Device pointers to the first element (DLTensor data + byte_offset), laid out exactly as
-   * described at plan time. All borrowed for the call. Unused ones (by op) may be NULL. */
+   * described at plan time. All borrowed for the call. Unused ones (by op) may be NULL.
+   * (Metal: `data` itself, the offsets in FDNN_Buffer_Offsets, since 2.1.) */
   void* x;
   void* w;
   void* y;
@@ -470,6 +474,34 @@ typedef struct {
 } FDNN_Conv_Plan_Pack_Weights_Args;
 FDNN_DEFINE_STRUCT_TRAITS(FDNN_Conv_Plan_Pack_Weights_Args, workspace_size);
 typedef FDNN_Error* FDNN_Conv_Plan_Pack_Weights(FDNN_Conv_Plan_Pack_Weights_Args* args);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Extension types                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+/* FDNN_Extension_Base.type values. */
+enum {
+  FDNN_EXTENSION_BUFFER_OFFSETS = 1, /* 2.1: FDNN_Buffer_Offsets */
+};
+
+/* 2.1. Where a DLPack `data` is an object, not an address, data + byte_offset means nothing:
+ * on Metal (FDNN_DEVICE_METAL) `data` is an id<MTLBuffer> and byte_offset an offset into it.
+ * On such a device the caller passes Conv_Plan_Execute each tensor's `data` itself in x, w,
+ * y, bias and workspace (and Conv_Plan_Pack_Weights its w), and their byte offsets here,
+ * chained on the args' extension_start. A shim of such a device refuses a call without it
+ * (FDNN_ERROR_INVALID_ARGUMENT); every other shim skips it, as it skips any extension. The
+ * offsets keep the element-alignment rule of FDNN_DLTensor; an unused tensor's offset is 0. */
+typedef struct {
+  size_t struct_size;             /* FDNN_Buffer_Offsets_STRUCT_SIZE */
+  int32_t type;                   /* FDNN_EXTENSION_BUFFER_OFFSETS */
+  FDNN_Extension_Base* next;      /* as in FDNN_Extension_Base: the rest of the chain */
+  uint64_t x_offset;              /* bytes into x's buffer */
+  uint64_t w_offset;              /* bytes into w's buffer */
+  uint64_t y_offset;              /* bytes into y's buffer */
+  uint64_t bias_offset;           /* bytes into bias's buffer */
+  uint64_t workspace_offset;      /* bytes into the workspace's buffer */
+} FDNN_Buffer_Offsets;
+FDNN_DEFINE_STRUCT_TRAITS(FDNN_Buffer_Offsets, workspace_offset);
 
 /* ---------------------------------------------------------------------------------------- */
 /* The table                                                                                */

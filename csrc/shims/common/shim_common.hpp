@@ -3,9 +3,10 @@
 // shim) and the capabilities answer with the check that a problem lies within it. No vendor
 // code lives here.
 //
-// Extensions: ABI 2.0 defines no extension type, so every extension a caller chains to
-// extension_start is one a 2.0 shim does not know, and the header says to skip those: no
-// shim reads extension_start.
+// Extensions: the one extension type (2.1, FDNN_Buffer_Offsets) is for devices whose tensor
+// data is an object (Metal); every other extension a caller chains to extension_start is one
+// these shims do not know, and the header says to skip those: no shim but the MPS shim reads
+// extension_start.
 #pragma once
 
 #include <cstdarg>
