@@ -140,28 +140,108 @@ void* stream_pointer(py::handle stream) {
   return stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
 }
 
-// The cached plan for spec on these tensors, made (without the GIL) on a miss. The key is
-// written into this thread's buffer: a hit allocates nothing once the buffer has grown (the
-// cache copies a key only when it inserts a plan).
-std::shared_ptr<Plan> cached_plan(const Shim& shim, const ConvSpec& spec, const BorrowedTensor& x,
-                                  const BorrowedTensor& w, const BorrowedTensor& y,
-                                  const BorrowedTensor& bias, void* stream) {
-  thread_local std::string key;
-  const FDNN_DLTensor* bias_desc = bias.present() ? &bias.desc() : nullptr;
-  fdnn_client::write_plan_key(key, shim, x.desc().device.device_id, spec.key, x.desc(), w.desc(),
-                              y.desc(), bias_desc);
-  if (std::shared_ptr<Plan> plan = plan_cache().find(key)) return plan;
-  FDNN_Conv_Plan_Create_Args args =
-      fdnn_client::plan_create_args(spec.params, x.desc(), w.desc(), y.desc(), bias_desc, stream);
-  py::gil_scoped_release no_gil;  // the vendor plans; evicted plans are destroyed
-  return plan_cache().insert(key, fdnn_client::create_plan(shim, args, key));
-}
-
 // The array library's allocator could not give a plan its workspace.
 struct WorkspaceRefused {
   size_t bytes;
   std::string reason;
 };
+
+// The one warning for memory the array library refused (execute's workspace, or the buffers
+// a benchmark times on), whichever comes first in the process.
+void warn_refused_once(const WorkspaceRefused& refused, const char* what_now) {
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    warn("flux_dnn: the array library refused " + std::to_string(refused.bytes) +
+         " bytes of convolution workspace (" + refused.reason + "); " + what_now +
+         ". This warning is shown once.");
+  });
+}
+
+// ABI 2.2's FDNN_Device_Allocator over the array library's allocator (workspace_alloc, the
+// same that gives execute its workspace), so that a benchmarking shim takes its scratch from
+// the library's pool. The shim calls it on this thread without the GIL; each buffer is an
+// array kept alive here until the shim releases it (the pool reuses it in stream order).
+// Destroyed with the GIL held (declared before the GIL is released).
+class PlanAllocator {
+ public:
+  PlanAllocator(py::handle workspace_alloc, py::handle stream)
+      : workspace_alloc_(workspace_alloc), stream_(stream) {
+    ext_.struct_size = FDNN_Device_Allocator_STRUCT_SIZE;
+    ext_.type = FDNN_EXTENSION_DEVICE_ALLOCATOR;
+    ext_.context = this;
+    ext_.allocate = &PlanAllocator::allocate;
+    ext_.release = &PlanAllocator::release;
+  }
+  FDNN_Extension_Base* chain() { return reinterpret_cast<FDNN_Extension_Base*>(&ext_); }
+  const std::optional<WorkspaceRefused>& refused() const { return refused_; }
+
+ private:
+  static void* allocate(void* context, size_t bytes, void* /*stream*/) {
+    auto* self = static_cast<PlanAllocator*>(context);
+    py::gil_scoped_acquire gil;
+    try {
+      py::object array = self->workspace_alloc_(bytes);
+      BorrowedTensor buffer(array, "workspace", self->stream_);
+      void* first = buffer.first_element();
+      if (reinterpret_cast<uintptr_t>(first) % 256 != 0) {
+        self->refused_ = WorkspaceRefused{bytes, "its buffer is not aligned to 256 bytes"};
+        return nullptr;
+      }
+      self->held_.emplace_back(first, std::move(array));
+      return first;
+    } catch (py::error_already_set& e) {
+      self->refused_ = WorkspaceRefused{bytes, std::string(py::str(e.value()))};
+    } catch (const std::exception& e) {
+      self->refused_ = WorkspaceRefused{bytes, e.what()};
+    }
+    return nullptr;
+  }
+  static void release(void* context, void* pointer, void* /*stream*/) {
+    auto* self = static_cast<PlanAllocator*>(context);
+    py::gil_scoped_acquire gil;
+    auto& held = self->held_;
+    for (auto it = held.begin(); it != held.end(); ++it)
+      if (it->first == pointer) {
+        held.erase(it);
+        return;
+      }
+  }
+
+  FDNN_Device_Allocator ext_{};
+  py::handle workspace_alloc_, stream_;
+  std::vector<std::pair<void*, py::object>> held_;  // a benchmark holds five at most
+  std::optional<WorkspaceRefused> refused_;
+};
+
+// The cached plan for spec on these tensors, made (without the GIL) on a miss. The key is
+// written into this thread's buffer: a hit allocates nothing once the buffer has grown (the
+// cache copies a key only when it inserts a plan). On GPUs (workspace_alloc given), the
+// buffers a benchmark times on come from the array library's allocator.
+std::shared_ptr<Plan> cached_plan(const Shim& shim, const ConvSpec& spec, const BorrowedTensor& x,
+                                  const BorrowedTensor& w, const BorrowedTensor& y,
+                                  const BorrowedTensor& bias, py::handle stream,
+                                  py::handle workspace_alloc = py::none()) {
+  thread_local std::string key;
+  const FDNN_DLTensor* bias_desc = bias.present() ? &bias.desc() : nullptr;
+  fdnn_client::write_plan_key(key, shim, x.desc().device.device_id, spec.key, x.desc(), w.desc(),
+                              y.desc(), bias_desc);
+  if (std::shared_ptr<Plan> plan = plan_cache().find(key)) return plan;
+  FDNN_Conv_Plan_Create_Args args = fdnn_client::plan_create_args(
+      spec.params, x.desc(), w.desc(), y.desc(), bias_desc, stream_pointer(stream));
+  std::optional<PlanAllocator> allocator;
+  if (!workspace_alloc.is_none() && spec.params.algo_policy == FDNN_ALGO_BENCHMARK) {
+    allocator.emplace(workspace_alloc, stream);
+    args.extension_start = allocator->chain();
+  }
+  std::shared_ptr<Plan> plan;
+  {
+    py::gil_scoped_release no_gil;  // the vendor plans; evicted plans are destroyed
+    plan = plan_cache().insert(key, fdnn_client::create_plan(shim, args, key));
+  }
+  if (allocator && allocator->refused())
+    warn_refused_once(*allocator->refused(), "benchmarking with less memory, or not at all");
+  return plan;
+}
 
 // Executes a plan on first-element pointers, with a workspace from the per-thread CPU buffer
 // or, on GPUs, from the array library's allocator.
@@ -210,7 +290,6 @@ void run_conv(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::ha
   BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
   BorrowedTensor bias(bias_array, r.bias, stream);  // None: not present
   check_operands(shim, spec, r, x, w, y, bias);
-  void* stream_ptr = stream_pointer(stream);
   FDNN_Buffer_Offsets offsets{FDNN_Buffer_Offsets_STRUCT_SIZE, FDNN_EXTENSION_BUFFER_OFFSETS,
                               nullptr, offset_of(x), offset_of(w), offset_of(y), offset_of(bias),
                               0};
@@ -219,7 +298,7 @@ void run_conv(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::ha
             execute_pointer(bias), stream, workspace_alloc,
             data_is_object(x) ? &offsets : nullptr);
   };
-  std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream_ptr);
+  std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream, workspace_alloc);
   try {
     run(*plan);
   } catch (const WorkspaceRefused& refused) {
@@ -227,13 +306,8 @@ void run_conv(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::ha
     ConvSpec lean = spec;
     lean.params.workspace_limit = 0;
     lean.finish();
-    std::shared_ptr<Plan> fallback = cached_plan(shim, lean, x, w, y, bias, stream_ptr);
-    static std::once_flag warned;
-    std::call_once(warned, [&] {
-      warn("flux_dnn: the array library refused " + std::to_string(refused.bytes) +
-           " bytes of convolution workspace (" + refused.reason + "); using algorithms that need "
-           "none, which may be slower. This warning is shown once.");
-    });
+    std::shared_ptr<Plan> fallback = cached_plan(shim, lean, x, w, y, bias, stream, workspace_alloc);
+    warn_refused_once(refused, "using algorithms that need none, which may be slower");
     try {
       run(*fallback);
     } catch (const WorkspaceRefused&) {
@@ -248,7 +322,7 @@ py::dict plan_info(const Shim& shim, const ConvSpec& spec, py::handle x_array, p
   BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
   BorrowedTensor bias(bias_array, r.bias, stream);
   check_operands(shim, spec, r, x, w, y, bias);
-  std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream_pointer(stream));
+  std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream);
   py::dict info;
   info["workspace_size"] = plan->workspace_size;
   info["algo_id"] = plan->algo_id;
@@ -331,7 +405,7 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
   BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
   BorrowedTensor bias(bias_array, r.bias, stream);
   check_operands(shim, spec, r, x, w, y, bias);
-  std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream_pointer(stream));
+  std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream);
   x_signature_ = TensorSignature::of(x);
   y_signature_ = TensorSignature::of(y);
   bias_signature_ = TensorSignature::of(bias);

@@ -224,6 +224,22 @@ class BufferOffsets(C.Structure):
     ]
 
 
+# ABI 2.2's extension: the caller's device allocator, for a benchmark's buffers at plan time.
+ALLOCATE = C.CFUNCTYPE(C.c_void_p, C.c_void_p, C.c_size_t, C.c_void_p)
+RELEASE = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p, C.c_void_p)
+
+
+class DeviceAllocator(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_size_t),
+        ("type", C.c_int32),
+        ("next", C.POINTER(ExtensionBase)),
+        ("context", C.c_void_p),
+        ("allocate", ALLOCATE),
+        ("release", RELEASE),
+    ]
+
+
 # The table: struct_size and the version first (as in every version), extension_start, then
 # one function pointer per field of the header's FDNN_Api, in its order.
 _TABLE_HEAD = [("struct_size", C.c_size_t), ("abi_major", C.c_int32), ("abi_minor", C.c_int32), EXT]
@@ -254,6 +270,7 @@ MIRRORS = {
     "FDNN_Conv_Plan_Pack_Weights_Args": ConvPlanPackWeightsArgs,
     "FDNN_Api": Api,
     "FDNN_Buffer_Offsets": BufferOffsets,
+    "FDNN_Device_Allocator": DeviceAllocator,
 }
 # The args struct of each table function: those that return an FDNN_Error*, and the void ones.
 ARGS_OF = {

@@ -159,7 +159,7 @@ class TorchLibrary(ArrayLibrary):
     def __init__(self, device_type=CPU):
         super().__init__()
         self.device_type = device_type
-        self.device = {CPU: "cpu", CUDA: "cuda", METAL: "mps"}[device_type]
+        self.device = {CPU: "cpu", CUDA: "cuda", ROCM: "cuda", METAL: "mps"}[device_type]  # (torch ROCm calls HIP "cuda")
 
     def unavailable(self):
         reason = super().unavailable()

@@ -59,6 +59,8 @@
  *  2.1  FDNN_Buffer_Offsets, the first extension type: on a device whose tensor `data` is an
  *       object, not an address (Metal's id<MTLBuffer>), Conv_Plan_Execute and
  *       Conv_Plan_Pack_Weights take each `data` as it is and its byte offset in this extension.
+ *  2.2  FDNN_Device_Allocator: Conv_Plan_Create takes the memory a benchmark times on from
+ *       the caller's allocator (the array library's pool) instead of allocating its own.
  */
 #ifndef FLUX_DNN_FLUX_DNN_H_
 #define FLUX_DNN_FLUX_DNN_H_
@@ -71,7 +73,7 @@ extern "C" {
 #endif
 
 #define FDNN_ABI_MAJOR 2
-#define FDNN_ABI_MINOR 1
+#define FDNN_ABI_MINOR 2
 
 /* Size of a struct up to and including `last_field`: what a caller writes to struct_size. */
 #define FDNN_STRUCT_SIZE(type, last_field) \
@@ -482,6 +484,7 @@ typedef FDNN_Error* FDNN_Conv_Plan_Pack_Weights(FDNN_Conv_Plan_Pack_Weights_Args
 /* FDNN_Extension_Base.type values. */
 enum {
   FDNN_EXTENSION_BUFFER_OFFSETS = 1, /* 2.1: FDNN_Buffer_Offsets */
+  FDNN_EXTENSION_DEVICE_ALLOCATOR = 2, /* 2.2: FDNN_Device_Allocator */
 };
 
 /* 2.1. Where a DLPack `data` is an object, not an address, data + byte_offset means nothing:
@@ -502,6 +505,31 @@ typedef struct {
   uint64_t workspace_offset;      /* bytes into the workspace's buffer */
 } FDNN_Buffer_Offsets;
 FDNN_DEFINE_STRUCT_TRAITS(FDNN_Buffer_Offsets, workspace_offset);
+
+/* 2.2. The caller's device allocator, chained on Conv_Plan_Create's args: with
+ * FDNN_ALGO_BENCHMARK on a GPU, the shim takes the buffers it times candidates on (stand-ins
+ * for x, w, y, bias and the largest candidate's workspace) from here, so they come from the
+ * array library's pool (ordered on the args' stream, no device-wide synchronisation) rather
+ * than from the shim's own allocations. A shim that needs no device memory at plan time
+ * skips it, as it skips any extension; without it a shim allocates for itself.
+ * Ownership: the shim releases everything it allocated before Conv_Plan_Create returns. */
+/* Device memory of at least `bytes` bytes on the plan's device, aligned to 256 bytes, usable
+ * by work ordered on `stream` (the args' stream); NULL when the allocator refuses (out of
+ * memory, over its cap): the shim then times fewer candidates or keeps its heuristic's
+ * choice, and still succeeds. Called on the thread of Conv_Plan_Create. */
+typedef void* FDNN_Device_Allocate(void* context, size_t bytes, void* stream);
+/* Gives back memory from allocate, possibly while work the shim ordered on `stream` still
+ * uses it (stream-ordered reuse, as the array libraries' pools do). */
+typedef void FDNN_Device_Release(void* context, void* pointer, void* stream);
+typedef struct {
+  size_t struct_size;        /* FDNN_Device_Allocator_STRUCT_SIZE */
+  int32_t type;              /* FDNN_EXTENSION_DEVICE_ALLOCATOR */
+  FDNN_Extension_Base* next; /* as in FDNN_Extension_Base: the rest of the chain */
+  void* context;             /* borrowed; passed back to allocate and release */
+  FDNN_Device_Allocate* allocate;
+  FDNN_Device_Release* release;
+} FDNN_Device_Allocator;
+FDNN_DEFINE_STRUCT_TRAITS(FDNN_Device_Allocator, release);
 
 /* ---------------------------------------------------------------------------------------- */
 /* The table                                                                                */

@@ -291,4 +291,22 @@ std::string describe_problem(const FDNN_Conv_Plan_Create_Args& a) {
   return os.str();
 }
 
+const FDNN_Extension_Base* find_extension(const FDNN_Extension_Base* chain, int32_t type,
+                                          size_t known_size, const char* function) {
+  constexpr int kMaxLinks = 64;
+  int links = 0;
+  for (const FDNN_Extension_Base* e = chain; e != nullptr; e = e->next) {
+    if (++links > kMaxLinks)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "%s: extension chain longer than %d links (a loop?)",
+           function, kMaxLinks);
+    if (e->type != type) continue;
+    if (e->struct_size < known_size)
+      fail(FDNN_ERROR_INVALID_ARGUMENT,
+           "%s: extension type %d has struct_size %zu, smaller than the %zu this shim knows",
+           function, static_cast<int>(type), e->struct_size, known_size);
+    return e;
+  }
+  return nullptr;
+}
+
 }  // namespace fdnn_shim

@@ -96,6 +96,12 @@ inline void error_describe(FDNN_Error_Describe_Args* args) {
   args->message_size = e->message.size();
 }
 
+// The extension of `type` in a caller's chain (FDNN_Extension_Base), or NULL when absent.
+// One shorter than `known_size` (an older caller's) is INVALID_ARGUMENT naming `function`;
+// the walk stops after 64 links so that a chain that loops is refused, not followed forever.
+const FDNN_Extension_Base* find_extension(const FDNN_Extension_Base* chain, int32_t type,
+                                          size_t known_size, const char* function);
+
 inline bool has_tensor(const FDNN_DLTensor* t) { return t != nullptr && t->ndim > 0; }
 
 // Bytes of one element of `t` (at least 1).

@@ -133,19 +133,35 @@ DeviceGuard::~DeviceGuard() {
   if (restore_) driver_context_api().set_current(saved_context_);
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream) : stream_(stream) {
+DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream, const FDNN_Device_Allocator* from)
+    : stream_(stream), from_(from) {
   if (bytes == 0) return;
-  check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (benchmark scratch)");
+  if (from_ != nullptr) {
+    ptr_ = from_->allocate(from_->context, bytes, stream);
+    if (ptr_ == nullptr)
+      fdnn_shim::fail(FDNN_ERROR_OUT_OF_MEMORY,
+                      "cudnn: the caller's allocator refused %zu bytes of benchmark scratch",
+                      bytes);
+  } else {
+    check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (benchmark scratch)");
+  }
   cudaError_t status = cudaMemsetAsync(ptr_, 0, bytes, stream);
   if (status != cudaSuccess) {
-    cudaFreeAsync(ptr_, stream);
+    release();
     check_cuda(status, "cudaMemsetAsync (benchmark scratch)");
   }
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+void DeviceBuffer::release() {
+  if (ptr_ == nullptr) return;
+  if (from_ != nullptr)
+    from_->release(from_->context, ptr_, stream_);
+  else
+    cudaFreeAsync(ptr_, stream_);
+  ptr_ = nullptr;
 }
+
+DeviceBuffer::~DeviceBuffer() { release(); }
 
 Event::Event() { check_cuda(cudaEventCreate(&event_), "cudaEventCreate"); }
 

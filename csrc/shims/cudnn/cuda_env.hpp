@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "flux_dnn/flux_dnn.h"
+
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -42,19 +44,22 @@ class DeviceGuard {
 };
 
 // Device memory owned for a scope (benchmark scratch), zero-filled, allocated and freed in
-// `stream`'s order (cudaMallocAsync: no device-wide synchronisation as cudaMalloc/cudaFree
-// have). Throws Failure(OUT_OF_MEMORY) when the device refuses.
+// `stream`'s order: from the caller's allocator when it chained one (ABI 2.2, the array
+// library's pool), else cudaMallocAsync (no device-wide synchronisation as cudaMalloc/cudaFree
+// have). Throws Failure(OUT_OF_MEMORY) when the allocator or the device refuses.
 class DeviceBuffer {
  public:
-  DeviceBuffer(size_t bytes, cudaStream_t stream);
+  DeviceBuffer(size_t bytes, cudaStream_t stream, const FDNN_Device_Allocator* from = nullptr);
   ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   void* get() const { return ptr_; }
 
  private:
+  void release();
   void* ptr_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  const FDNN_Device_Allocator* from_ = nullptr;
 };
 
 class Event {

@@ -263,6 +263,9 @@ void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
   request.given_id = args.algo_id;
   request.workspace_budget = shared_budget(limit, extra_workspace(p));
   request.stream = static_cast<cudaStream_t>(args.stream);
+  request.allocator = reinterpret_cast<const FDNN_Device_Allocator*>(fdnn_shim::find_extension(
+      args.extension_start, FDNN_EXTENSION_DEVICE_ALLOCATOR, FDNN_Device_Allocator_STRUCT_SIZE,
+      "Conv_Plan_Create"));
   cudnnHandle_t handle = thread_handle(p.device, request.stream);
   if (try_fused_graph(plan, request, handle)) {
     if (request.policy == FDNN_ALGO_BENCHMARK)

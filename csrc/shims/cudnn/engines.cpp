@@ -235,17 +235,18 @@ std::vector<Built> usable_plans(const std::vector<Candidate>& all, const ConvPro
   return plans;
 }
 
-// Zeroed stand-ins for the operands, to time candidates on. Stream-ordered allocations
-// (cudaMallocAsync): no device-wide synchronisation, and a refusal is an error code.
+// Zeroed stand-ins for the operands, to time candidates on. Stream-ordered allocations, from
+// the caller's allocator when it gave one (the array library's pool), else cudaMallocAsync:
+// no device-wide synchronisation, and a refusal is an error code.
 struct Scratch {
   DeviceBuffer x, w, y, bias, workspace;
-  Scratch(const ConvProblem& p, size_t ws, cudaStream_t s)
-      : x(p.x_logical.span_bytes, s), w(p.w_logical.span_bytes, s),
-        y(p.y_logical.span_bytes, s),
+  Scratch(const ConvProblem& p, size_t ws, cudaStream_t s, const FDNN_Device_Allocator* a)
+      : x(p.x_logical.span_bytes, s, a), w(p.w_logical.span_bytes, s, a),
+        y(p.y_logical.span_bytes, s, a),
         bias(p.has_bias ? static_cast<size_t>(p.bias.dims[1] * p.bias_stride) * p.element_size
                         : 0,
-             s),
-        workspace(ws, s) {}
+             s, a),
+        workspace(ws, s, a) {}
   Operands operands(bool binds_bias) const {
     return {x.get(), w.get(), y.get(), binds_bias ? bias.get() : nullptr, workspace.get()};
   }
@@ -326,7 +327,7 @@ Selected pick_benchmark(const std::vector<Candidate>& all, const ConvProblem& p,
   for (const Built& b : plans) ws = std::max(ws, b.workspace);
   std::unique_ptr<Scratch> scratch;
   try {
-    scratch = std::make_unique<Scratch>(p, ws, r.stream);
+    scratch = std::make_unique<Scratch>(p, ws, r.stream, r.allocator);
   } catch (const fdnn_shim::Failure& f) {
     if (f.code() != FDNN_ERROR_OUT_OF_MEMORY) throw;
     cudaGetLastError();  // an allocation failure is not sticky; clear it

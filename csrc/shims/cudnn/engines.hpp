@@ -31,6 +31,8 @@ struct EngineRequest {
   int64_t given_id = 0;
   size_t workspace_budget = SIZE_MAX;  // bytes cuDNN may use
   cudaStream_t stream = nullptr;       // benchmark timing stream
+  // Benchmark buffers from the caller's allocator (ABI 2.2); NULL: cudaMallocAsync.
+  const FDNN_Device_Allocator* allocator = nullptr;
   // Benchmark: what runs after the convolution in each timed run (our epilogue kernel
   // behind an unfused graph), so that fused and unfused graphs are timed alike. Its
   // operands have a bias buffer whenever the problem has a bias.

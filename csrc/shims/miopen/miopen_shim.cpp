@@ -447,15 +447,34 @@ void run_convolution(const FDNN_Plan& p, miopenHandle_t h, char* const base[3],
 }
 
 // Device buffers for benchmarking: never the caller's tensors, which may hold data a
-// candidate must not overwrite (MIOpen's Find writes the outputs).
+// candidate must not overwrite (MIOpen's Find writes the outputs). From the caller's
+// allocator when it chained one (ABI 2.2: the array library's pool), else hipMalloc. A
+// refusal is OUT_OF_MEMORY, on which the heuristic's choice is kept.
 struct Scratch {
+  const FDNN_Device_Allocator* from = nullptr;
+  hipStream_t stream = nullptr;
   std::vector<void*> blocks;
+  Scratch(const FDNN_Device_Allocator* a, hipStream_t s) : from(a), stream(s) {}
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   ~Scratch() {
-    for (void* b : blocks) hip().Free(b);
+    for (void* b : blocks) {
+      if (from != nullptr)
+        from->release(from->context, b, stream);
+      else
+        hip().Free(b);
+    }
   }
-  char* alloc(size_t bytes, hipStream_t stream) {
+  char* alloc(size_t bytes) {
     void* ptr = nullptr;
-    check_hip(hip().Malloc(&ptr, std::max<size_t>(bytes, 1)), "hipMalloc (benchmark scratch)");
+    if (from != nullptr) {
+      ptr = from->allocate(from->context, std::max<size_t>(bytes, 1), stream);
+      if (ptr == nullptr)
+        fail(FDNN_ERROR_OUT_OF_MEMORY,
+             "miopen: the caller's allocator refused %zu bytes of benchmark scratch", bytes);
+    } else {
+      check_hip(hip().Malloc(&ptr, std::max<size_t>(bytes, 1)), "hipMalloc (benchmark scratch)");
+    }
     blocks.push_back(ptr);
     check_hip(hip().MemsetAsync(ptr, 0, bytes, stream), "hipMemsetAsync");
     return static_cast<char*>(ptr);
@@ -472,14 +491,14 @@ size_t span_bytes(const Dims& d, size_t element_size) {
 // Times each candidate once (after a warm-up run that also compiles it) into scratch buffers,
 // and returns the fastest.
 Solution benchmark(const FDNN_Plan& p, miopenHandle_t h, const std::vector<Solution>& cands,
-                   hipStream_t stream) {
-  Scratch scratch;
+                   hipStream_t stream, const FDNN_Device_Allocator* allocator) {
+  Scratch scratch(allocator, stream);
   char* base[3];
   for (int which : {X, W, Y})
-    base[which] = scratch.alloc(span_bytes(p.operand[which].full.dims(), p.element_size), stream);
+    base[which] = scratch.alloc(span_bytes(p.operand[which].full.dims(), p.element_size));
   size_t most = 0;
   for (const Solution& s : cands) most = std::max(most, s.workspace);
-  char* workspace = scratch.alloc(most, stream);
+  char* workspace = scratch.alloc(most);
   hipEvent_t start = nullptr, stop = nullptr;
   check_hip(hip().EventCreate(&start), "hipEventCreate");
   check_hip(hip().EventCreate(&stop), "hipEventCreate");
@@ -529,8 +548,17 @@ Solution choose_solution(FDNN_Plan* p, const FDNN_Conv_Plan_Create_Args& a, size
     fail(FDNN_ERROR_UNSUPPORTED, "miopen: no MIOpen solution fits the workspace limit of %zu "
          "bytes (%zu solutions apply)", budget, all.size());
   Solution chosen = fit.front();  // MIOpen sorts them fastest first (its heuristic)
-  if (a.algo_policy == FDNN_ALGO_BENCHMARK && fit.size() > 1)
-    chosen = benchmark(*p, h, fit, static_cast<hipStream_t>(a.stream));
+  if (a.algo_policy == FDNN_ALGO_BENCHMARK && fit.size() > 1) {
+    const auto* allocator = reinterpret_cast<const FDNN_Device_Allocator*>(
+        fdnn_shim::find_extension(a.extension_start, FDNN_EXTENSION_DEVICE_ALLOCATOR,
+                                  FDNN_Device_Allocator_STRUCT_SIZE, "Conv_Plan_Create"));
+    try {
+      chosen = benchmark(*p, h, fit, static_cast<hipStream_t>(a.stream), allocator);
+    } catch (const Failure& f) {
+      if (f.code() != FDNN_ERROR_OUT_OF_MEMORY) throw;
+      // No memory to time candidates on: keep MIOpen's heuristic order.
+    }
+  }
   compile(*p, h, chosen.id);
   return chosen;
 }
