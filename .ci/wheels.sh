@@ -8,10 +8,12 @@
 #      warnings as errors.
 #   4. Every wheel (core, cuda12, and the cuda13 and jax wheels .ci/run built before this step
 #      in $work/wheels) goes through auditwheel show and the repair command of its own
-#      pyproject.toml (vendor libraries excluded: they come from the vendors' wheels).
+#      pyproject.toml (vendor libraries excluded: they come from the vendors' wheels), and
+#      every wheel's version and flux-dnn pin are checked against the file VERSION.
 #   5. The repaired wheels are installed with their dependencies from PyPI into fresh venvs
 #      that have no compiler on their PATH, and the demo, `python -m flux_dnn info`, the CPU
-#      conformance suite and the ABI suite run there.
+#      conformance suite and the ABI suite run there; a plug-in built for another ABI major
+#      must refuse that core at import.
 # Usage: bash .ci/wheels.sh WORK_DIR (run from the repository root, as .ci/run does).
 set -euo pipefail
 work="$1"
@@ -199,6 +201,22 @@ for whl in "$w"/repaired/*.whl; do
     "$("$T/python" -m zipfile -l "$whl" | awk '$1 ~ /\.libs\// {print $1}' | xargs -r -n1 basename | tr '\n' ' ')"
 done
 
+# Version and pins: every wheel carries the version of the file VERSION and every plug-in
+# requires flux-dnn~=VERSION (the core of its major.minor).
+"$T/python" - "$(cat VERSION)" "$w"/repaired/*.whl <<'PY'
+import email, pathlib, sys, zipfile
+
+version, wheels = sys.argv[1], sys.argv[2:]
+for whl in wheels:
+    with zipfile.ZipFile(whl) as z:
+        meta = email.message_from_bytes(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))))
+    pins = [r for r in meta.get_all("Requires-Dist") or [] if r.startswith("flux-dnn")]
+    core = meta["Name"] == "flux-dnn"
+    assert meta["Version"] == version, f"{whl}: version {meta['Version']}, VERSION says {version}"
+    assert core or pins == [f"flux-dnn~={version}"], f"{whl}: requires {pins}, not flux-dnn~={version}"
+    print(f"  {meta['Name']} {meta['Version']}" + ("" if core else f", requires {pins[0]}"))
+PY
+
 # --- 5. installed as a user installs them, in venvs without a compiler --------------------
 # No compiler on the PATH: only the venv's bin. The tests then run against the installed
 # wheels, from the checkout's tests/ (nothing of python/ is importable from there).
@@ -247,6 +265,23 @@ user_env "$w/user" "$w/user/bin/python" -m pytest -q -p no:cacheprovider tests/c
 say "venv 2: flux-dnn + flux-dnn-cuda12"
 check_user_venv "$w/user-cu12" "$core_whl" "$(ls "$w"/repaired/flux_dnn_cuda12-*.whl)"
 user_env "$w/user-cu12" "$w/user-cu12/bin/python" -m pytest -q -p no:cacheprovider tests/abi 2>&1 | grep -E "^(FAILED|ERROR)| passed| failed"
+# A plug-in built for another ABI major refuses the core at import, naming both: the
+# installed plug-in's own _build_info.py, with its ABI major changed.
+user_env "$w/user-cu12" "$w/user-cu12/bin/python" - <<'PY'
+import importlib.util, pathlib, re
+
+text = pathlib.Path(importlib.util.find_spec("flux_dnn_cuda12._build_info").origin).read_text()
+major = int(re.search(r"^ABI_MAJOR = (\d+)$", text, re.M).group(1))
+other = {}
+exec(compile(text.replace(f"ABI_MAJOR = {major}", f"ABI_MAJOR = {major + 1}"), "other_abi_build_info", "exec"), other)
+try:
+    other["require_core_abi"]("flux_dnn_cuda12")
+except ImportError as exc:
+    assert f"ABI {major + 1}." in str(exc) and f"ABI {major}." in str(exc), exc
+    print(f"a plug-in built for ABI {major + 1}.x refuses the core: {exc}")
+else:
+    raise SystemExit(f"a plug-in built for ABI {major + 1}.x accepted a core of ABI {major}")
+PY
 
 rm -rf "$w"
 say "done"
