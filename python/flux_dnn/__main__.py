@@ -12,6 +12,7 @@ def info() -> int:
     import flux_dnn
 
     print(f"flux_dnn {flux_dnn.__version__}, ABI {flux_dnn.ABI_VERSION[0]}.{flux_dnn.ABI_VERSION[1]}")
+    _print_packages(flux_dnn.__version__)
     statuses = flux_dnn.shims()
     if not statuses:
         print("no shims installed")
@@ -20,6 +21,28 @@ def info() -> int:
         _print_shim(s)
     _print_serving(statuses)
     return 0
+
+
+def _print_packages(core_version: str) -> None:
+    """The installed flux-dnn distributions (the core and its plug-in wheels) and their
+    versions; a plug-in of another major.minor than the core is flagged (pip's pin,
+    flux-dnn~=X.Y.Z, keeps them together; --no-deps installs can part them)."""
+    import importlib.metadata
+    import re
+
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if name == "flux-dnn" or name.startswith("flux-dnn-"):
+            found[name] = dist.version
+    if not found:
+        print("packages: none installed (flux_dnn imported from a source tree)")
+        return
+    core_series = core_version.split(".")[:2]
+    for name, version in sorted(found.items(), key=lambda item: (item[0] != "flux-dnn", item[0])):
+        mismatch = name != "flux-dnn" and version.split(".")[:2] != core_series
+        note = f"  (the core is {core_version}: pip install '{name}~={core_version}')" if mismatch else ""
+        print(f"  package {name} {version}{note}")
 
 
 def _print_shim(s) -> None:
