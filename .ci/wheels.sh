@@ -46,8 +46,8 @@ fi
 command -v shellcheck >/dev/null || apt-get install -y -q shellcheck >/dev/null || true
 
 # --- 1. the workflow and every cibuildwheel configuration ----------------------------------
-say "actionlint .github/workflows/wheels.yml ($("$T/actionlint" -version | head -1))"
-"$T/actionlint" .github/workflows/wheels.yml
+say "actionlint, every workflow in .github/workflows ($("$T/actionlint" -version | head -1))"
+"$T/actionlint"
 python packaging/cuda_variant.py 12 # the generated project, never committed
 say "cibuildwheel $cibw_version --print-build-identifiers, per job of the matrix"
 # Every job must select at least one build, only of its own arch, and a plug-in (py3-none)
