@@ -1,6 +1,8 @@
 # Helpers shared by the core and the shims.
 
-if(CMAKE_SYSTEM_NAME STREQUAL "Linux" OR WIN32)
+# oneDNN comes from the onednn-devel-cpu-gomp wheel, which exists for x86-64 only: elsewhere
+# (Linux aarch64, macOS arm64) the BLAS shim alone serves the CPU.
+if((CMAKE_SYSTEM_NAME STREQUAL "Linux" OR WIN32) AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   set(FLUX_DNN_DEFAULT_ONEDNN ON)
 else()
   set(FLUX_DNN_DEFAULT_ONEDNN OFF)

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import ctypes
 import pathlib
+import sys
 
 from ._discovery import ShimSpec
 
-_LIBOPENBLAS = "libscipy_openblas.so"
+_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"  # CMake's shared-library suffix
+_LIBOPENBLAS = "libscipy_openblas" + _SUFFIX
 
 
 def _preload_openblas() -> None:
-    """Load libscipy_openblas.so from the scipy-openblas32 wheel by absolute path, so the shim
+    """Load libscipy_openblas.so (.dylib on macOS) from the scipy-openblas32 wheel by absolute path, so the shim
     finds it without LD_LIBRARY_PATH wherever pip put the wheel (venv, --user, --prefix)."""
     try:
         import scipy_openblas32
@@ -33,7 +35,7 @@ def shim_spec() -> ShimSpec:
     return ShimSpec(
         name="blas",
         device_type=1,
-        library=str(pathlib.Path(__file__).with_name("libflux_dnn_blas.so")),
+        library=str(pathlib.Path(__file__).with_name("libflux_dnn_blas" + _SUFFIX)),
         preload=_preload_openblas,
         install_hint="pip install scipy-openblas32",
     )
