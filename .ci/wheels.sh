@@ -166,8 +166,9 @@ cat "$w/cuda12.log"
 cp "$work"/wheels/flux_dnn_cuda13-*.whl "$work"/wheels/flux_dnn_jax-*.whl "$w/built/" 2>/dev/null || true
 compgen -G "$w/built/flux_dnn_cuda13-*.whl" >/dev/null ||
   echo "WARNING: no flux_dnn_cuda13 wheel in $work/wheels (no nvcc 13): it is not checked here"
-# flux-dnn-rocm, where its project is here and .ci/run built its wheel into $work/wheels.
-cp "$work"/wheels/flux_dnn_rocm-*.whl "$w/built/" 2>/dev/null || true
+# flux-dnn-rocm, which .ci/rocm.sh built into $work/wheels-rocm before this step.
+cp "$work"/wheels-rocm/flux_dnn_rocm-*.whl "$w/built/" 2>/dev/null ||
+  echo "WARNING: no flux_dnn_rocm wheel in $work/wheels-rocm: it is not checked here"
 # Each wheel's repair command is the one cibuildwheel runs for it: its project's
 # [tool.cibuildwheel] (platform table and overrides applied) for this machine's build.
 repair_command() { # wheel file -> the command, {wheel} and {dest_dir} filled in
