@@ -250,7 +250,9 @@ Problem describe(const FDNN_Conv_Plan_Create_Args& a, bool convert) {
   p.w = weights_md(a.w, a.groups, p.dt);
   p.w_user = weights_md(a.w, a.groups, user_dt);
   if (bias) {
-    p.bias = memory::desc(dims_of(a.bias), p.dt, strides_of(a.bias));
+    // Dense for the primitive whatever the caller's strides: oneDNN's kernels read K biases
+    // in a row, so a broadcast (stride 0) bias is staged dense, not read past its buffer.
+    p.bias = memory::desc(dims_of(a.bias), p.dt, memory::format_tag::a);
     p.bias_user = memory::desc(dims_of(a.bias), user_dt, strides_of(a.bias));
   }
   for (int i = 0; i < a.spatial_rank; ++i) {
