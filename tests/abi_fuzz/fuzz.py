@@ -20,6 +20,7 @@ one category:
   crash             the process died (signal); replayed alone to name the case
   hang              no answer within --timeout seconds
   any               a mutation the header leaves open (unknown flags, algo_id), no crash
+  fuzzer-error      the fuzzer itself raised (its bug, not the shim's: fix it)
 
 Every case is a pure function of (seed, index): `--seed S --case I` replays one case alone,
 and each bad outcome is printed with that one-line reproducer.
@@ -55,7 +56,7 @@ SIZE_MAX = 2**64 - 1
 GUARD = 64  # bytes of 0xA5 before and after every buffer
 POISON = 0xA5
 SENTINEL = 0x5EED  # out fields are preset to this: an error must leave them so
-BAD_CATEGORIES = ("crash", "hang", "accepted-invalid", "wrong-code", "wrote-on-error", "memory")
+BAD_CATEGORIES = ("crash", "hang", "accepted-invalid", "wrong-code", "wrote-on-error", "memory", "fuzzer-error")
 CATEGORIES = ("ok-valid", "refused-invalid", "refused-valid", "any") + BAD_CATEGORIES
 DTYPES = {"float32": (2, 32), "float64": (2, 64), "float16": (2, 16), "bfloat16": (4, 16)}
 
@@ -75,6 +76,8 @@ def compact_strides(shape, order):
 def out_size(x, k, stride, dil, lo, hi):
     """The output size by the header's formula in Python's integers; None where an
     intermediate leaves int64 (the header's rule) or the output is empty."""
+    if stride < 1 or dil < 1 or lo < 0 or hi < 0:
+        return None
     extent = dil * (k - 1) + 1
     padded = x + lo + hi
     if max(abs(extent), abs(padded)) > INT64_MAX:
@@ -236,11 +239,25 @@ def m_bias_ndim(c):
     c.mark("invalid", f"bias.ndim={c.bias.ndim}")
 
 
+def geometry_ok(c):
+    """The header's shape rules: channels fit the groups, y = (N, K, the output sizes), bias
+    (K,)."""
+    x, w, y, g = c.x.shape, c.w.shape, c.y.shape, c.groups
+    if g < 1 or x[1] % g or w[0] % g or x[1] // g != w[1] or y[:2] != [x[0], w[0]]:
+        return False
+    if c.bias is not None and c.bias.shape != [w[0]]:
+        return False
+    outs = [out_size(x[2 + i], w[2 + i], c.stride[i], c.dilation[i], c.lo[i], c.hi[i]) for i in range(c.rank)]
+    return outs == y[2:]
+
+
 def m_bad_dim(c):
     name, t = pick_tensor(c)
     i = c.rng.randrange(len(t.shape))
     t.shape[i] = c.rng.choice([0, -1, -(2**63), t.shape[i] + 1])
-    c.mark("invalid", f"{name}.shape[{i}]={t.shape[i]}")
+    t.restride()
+    still = t.shape[i] >= 1 and geometry_ok(c)  # x one wider may give the same output size
+    c.mark("valid" if still else "invalid", f"{name}.shape[{i}]={t.shape[i]}" + (" (still consistent)" if still else ""))
 
 
 def m_groups(c):
@@ -408,6 +425,8 @@ def m_flags(c):
 
 
 def m_policy(c):
+    if c.policy not in (0, 1):  # already outside the enum: leave it so
+        return m_workspace_limit(c)
     c.policy = c.rng.choice([1, 2])
     if c.policy == 2:
         c.algo_id = c.rng.choice([0, 1, 3, 7, 8, -1, 2**62])
@@ -483,8 +502,10 @@ def make_case(seed: int, index: int, device_type: int, num_devices: int) -> Case
     if rng.random() < 0.08:
         c.notes.append("(no mutation)")
     else:
-        for _ in range(1 if rng.random() < 0.7 else 2):
-            rng.choice(MUTATIONS)(c)
+        first = rng.choice(MUTATIONS)
+        first(c)
+        if rng.random() < 0.3:  # a second mutation, of another kind (so none undoes the first)
+            rng.choice([m for m in MUTATIONS if m is not first])(c)
     return c
 
 
@@ -697,9 +718,14 @@ def worker(shim_name: str, seed: int, start: int, stop: int) -> None:
     for i in range(start, stop):
         out.write(f"start {i}\n")
         out.flush()
-        c = make_case(seed, i, info.device_type, info.num_devices)
-        category, detail = run_case(shim, c)
-        out.write(json.dumps({"i": i, "category": category, "detail": detail, "notes": c.notes}) + "\n")
+        c = None
+        try:
+            c = make_case(seed, i, info.device_type, info.num_devices)
+            category, detail = run_case(shim, c)
+        except Exception as exc:  # noqa: BLE001 -- the fuzzer's own bug, reported as such
+            category, detail = "fuzzer-error", f"{type(exc).__name__}: {exc}"
+        notes = c.notes if c is not None else ["(the case could not be made)"]
+        out.write(json.dumps({"i": i, "category": category, "detail": detail, "notes": notes}) + "\n")
         out.flush()
 
 
@@ -750,10 +776,18 @@ def run_range(shim: str, seed: int, start: int, stop: int, timeout: float, resul
             continue
         how = "hang" if hung else "crash"
         detail = f"no answer in {timeout:g} s" if hung else f"exit {proc.returncode} {tail(stderr)}"
-        r = {"i": current, "category": how, "detail": detail, "notes": make_case(seed, current, ABI.DEVICE_CPU, 1).notes}
+        r = {"i": current, "category": how, "detail": detail, "notes": notes_of(seed, current)}
         results[current] = r
         report(shim, seed, r)
         i = current + 1
+
+
+def notes_of(seed: int, index: int) -> list:
+    """The mutations of a case, for the report of one that killed its child."""
+    try:
+        return make_case(seed, index, ABI.DEVICE_CPU, 1).notes
+    except Exception as exc:  # noqa: BLE001
+        return [f"(the case could not be made: {exc})"]
 
 
 def tail(text: str) -> str:
