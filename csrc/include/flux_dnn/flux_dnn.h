@@ -211,8 +211,8 @@ typedef struct { /* = DLDataType */
  *  - the largest size: a tensor's element count, its span (1 + sum of (shape[i]-1)*strides[i])
  *    and both times the element size are at most INT64_MAX, as are x + padding_lo +
  *    padding_hi and dilation * (kernel - 1) + 1 of each spatial dim; a shim computes them with
- *    overflow-checked arithmetic. A valid size beyond what the vendor indexes (oneDNN and
- *    OpenBLAS: INT32_MAX elements, span or spatial parameter; cuDNN: its int32 limits) is
+ *    overflow-checked arithmetic. A valid size beyond what the vendor indexes (e.g. more
+ *    than INT32_MAX elements in a tensor for a vendor that indexes in int) is
  *    FDNN_ERROR_UNSUPPORTED. */
 typedef struct {
   void* data;
