@@ -149,6 +149,8 @@ class Case:
             t.device[0] = device_type
         self.execute = None  # mutation of the execute call, or None for a plain one
         self.rank_field = None  # spatial_rank as written to the struct, when mutated
+        self.pack = None  # mutation of a Conv_Plan_Pack_Weights call, when the case packs
+        self.capabilities = None  # (op, device_id, dtype) when the case asks Conv_Capabilities
 
     def tensors(self):
         return [t for t in (self.x, self.w, self.y, self.bias) if t is not None]
@@ -168,7 +170,9 @@ class Case:
     def resize(self):
         """Recomputes y's spatial dims from x, w and the parameters (a valid geometry)."""
         for i in range(self.rank):
-            o = out_size(self.x.shape[2 + i], self.w.shape[2 + i], self.stride[i], self.dilation[i], self.lo[i], self.hi[i])
+            o = out_size(
+                self.x.shape[2 + i], self.w.shape[2 + i], self.stride[i], self.dilation[i], self.lo[i], self.hi[i]
+            )
             if o is None:
                 return False
             self.y.shape[2 + i] = o
@@ -257,7 +261,9 @@ def m_bad_dim(c):
     t.shape[i] = c.rng.choice([0, -1, -(2**63), t.shape[i] + 1])
     t.restride()
     still = t.shape[i] >= 1 and geometry_ok(c)  # x one wider may give the same output size
-    c.mark("valid" if still else "invalid", f"{name}.shape[{i}]={t.shape[i]}" + (" (still consistent)" if still else ""))
+    c.mark(
+        "valid" if still else "invalid", f"{name}.shape[{i}]={t.shape[i]}" + (" (still consistent)" if still else "")
+    )
 
 
 def m_groups(c):
@@ -465,7 +471,26 @@ def m_execute(c):
     c.mark("valid", f"(plan) execute:{c.execute}")
 
 
+def m_pack(c):
+    """Conv_Plan_Pack_Weights of the case's plan (forward plans of shims that pack)."""
+    c.pack = c.rng.choice(["plain", "null_w", "unaligned_w", "null_plan", "struct_size", "null_args"])
+    c.mark("valid", f"(plan) pack:{c.pack}")
+
+
+def m_capabilities(c):
+    """Conv_Capabilities instead of a plan: an op or device_id out of range is invalid; any
+    dtype is a valid question (answered NONE when not computed)."""
+    op = c.rng.choice([0, 1, 2, 3, -1, 2**31 - 1, -(2**31)])
+    device = c.rng.choice([0, 0, 0, c.num_devices, -1])
+    dtype = [c.rng.choice([0, 1, 2, 4, 5, 255]), c.rng.choice([0, 8, 16, 32, 64, 255]), c.rng.choice([1, 1, 0, 4])]
+    c.capabilities = (op, device, dtype)
+    ok = 0 <= op <= 2 and 0 <= device < c.num_devices
+    c.mark("valid" if ok else "invalid", f"capabilities(op {op}, device_id {device}, dtype {dtype})")
+
+
 MUTATIONS = [
+    m_pack,
+    m_capabilities,
     m_null_descriptor,
     m_null_shape_or_strides,
     m_struct_size,
@@ -504,8 +529,10 @@ def make_case(seed: int, index: int, device_type: int, num_devices: int) -> Case
     else:
         first = rng.choice(MUTATIONS)
         first(c)
-        if rng.random() < 0.3:  # a second mutation, of another kind (so none undoes the first)
-            rng.choice([m for m in MUTATIONS if m is not first])(c)
+        # A second mutation, of another kind (so none undoes the first); a capabilities case
+        # asks that question alone.
+        if rng.random() < 0.3 and first is not m_capabilities:
+            rng.choice([m for m in MUTATIONS if m not in (first, m_capabilities)])(c)
     return c
 
 
@@ -525,9 +552,10 @@ class Buffer:
         C.memset(self.start + nbytes, POISON, GUARD)
 
     def intact(self) -> bool:
-        return C.string_at(self.start - GUARD, GUARD) == bytes([POISON]) * GUARD and C.string_at(
-            self.start + self.nbytes, GUARD
-        ) == bytes([POISON]) * GUARD
+        return (
+            C.string_at(self.start - GUARD, GUARD) == bytes([POISON]) * GUARD
+            and C.string_at(self.start + self.nbytes, GUARD) == bytes([POISON]) * GUARD
+        )
 
 
 MAX_BUFFER = 1 << 24
@@ -620,7 +648,54 @@ def classify(c: Case, error) -> tuple:
     return "wrong-code", f"{code}: {message[:200]}"
 
 
+def ask_capabilities(shim, c: Case) -> tuple:
+    op, device, dtype = c.capabilities
+    args = F.new(F.ConvCapabilitiesArgs, device_id=device, op=op, dtype=F.DLDataType(*dtype))
+    args.support = args.spatial_ranks = args.features = SENTINEL
+    error = shim.call("Conv_Capabilities", args)
+    if error is not None and (args.support, args.spatial_ranks, args.features) != (SENTINEL,) * 3:
+        return "wrote-on-error", f"{error[0]} yet support/spatial_ranks/features written"
+    if error is None and args.support not in (ABI.SUPPORT_NONE, ABI.SUPPORT_NATIVE, ABI.SUPPORT_CONVERTED):
+        return "accepted-invalid", f"support {args.support} is no FDNN_SUPPORT_* value"
+    return classify(c, error)
+
+
+def pack(shim, c: Case, a, buffers) -> tuple:
+    """Conv_Plan_Pack_Weights of plan a.plan, mutated by c.pack; destroys a packed plan."""
+    if c.op != 0 or not shim.api.Conv_Plan_Pack_Weights:
+        return "ok-valid", "no packing here"
+    kind = c.pack
+    w = buffers["w"].start + c.w.misalign + c.w.byte_offset
+    args = F.new(F.ConvPlanPackWeightsArgs, plan=a.plan, w=w)
+    args.packed_plan, args.workspace_size = SENTINEL, SENTINEL
+    if kind == "null_args":
+        error = shim.call("Conv_Plan_Pack_Weights", None)
+    else:
+        if kind == "null_w":
+            args.w = None
+        elif kind == "unaligned_w":
+            if max(c.w.dtype[1] // 8, 1) == 1:
+                return "ok-valid", "1-byte elements: always aligned"
+            args.w = w + 1
+        elif kind == "null_plan":
+            args.plan = None
+        elif kind == "struct_size":
+            args.struct_size -= 8
+        error = shim.call("Conv_Plan_Pack_Weights", args)
+    if error is None:
+        shim.destroy(args.packed_plan)
+        return ("ok-valid", "") if kind == "plain" else ("accepted-invalid", f"pack:{kind} served")
+    if kind == "plain":
+        return "refused-valid", f"pack: {error[0]}: {error[1][:200]}"
+    if (args.packed_plan, args.workspace_size) != (SENTINEL, SENTINEL):
+        return "wrote-on-error", f"pack:{kind}: {error[0]} yet packed_plan/workspace_size written"
+    code_ok = error[0] == "INVALID_ARGUMENT"
+    return ("refused-invalid" if code_ok else "wrong-code"), f"pack:{kind}: {error[0]}"
+
+
 def run_case(shim, c: Case) -> tuple:
+    if c.capabilities is not None:
+        return ask_capabilities(shim, c)
     keep, buffers = [], {}
     a = build_args(c, keep, buffers)
     error = shim.call("Conv_Plan_Create", a)
@@ -633,8 +708,10 @@ def run_case(shim, c: Case) -> tuple:
     if a.workspace_size > c.workspace_limit:
         return "accepted-invalid", f"workspace_size {a.workspace_size} > workspace_limit {c.workspace_limit}"
     try:
-        if c.verdict != "valid" or not c.with_data or any(b is None for b in (buffers.get("x"), buffers.get("w"), buffers.get("y"))):
+        if c.verdict != "valid" or not c.with_data or not all(n in buffers for n in ("x", "w", "y")):
             return classify(c, None)
+        if c.pack is not None:
+            return pack(shim, c, a, buffers)
         return execute(shim, c, a, buffers)
     finally:
         shim.destroy(a.plan)
@@ -654,10 +731,11 @@ def execute(shim, c: Case, a, buffers) -> tuple:
         e.plan = None
     elif kind == "null_args":
         error = shim.call("Conv_Plan_Execute", None)
-        return ("refused-invalid", error[0]) if error and error[0] == "INVALID_ARGUMENT" else (
-            "accepted-invalid" if error is None else "wrong-code",
-            "execute(NULL args)",
-        )
+        if error is None:
+            return "accepted-invalid", "execute(NULL args) served"
+        if error[0] != "INVALID_ARGUMENT":
+            return "wrong-code", f"execute(NULL args): {error[0]}"
+        return "refused-invalid", "execute(NULL args)"
     elif kind == "struct_size":
         e.struct_size -= 8
     elif kind == "null_pointer":
@@ -737,7 +815,8 @@ def run_range(shim: str, seed: int, start: int, stop: int, timeout: float, resul
     """Runs cases start..stop-1 in child processes, a new child after each crash or hang."""
     i = start
     while i < stop:
-        cmd = [sys.executable, __file__, "--worker", "--shim", shim, "--seed", str(seed), "--start", str(i), "--stop", str(stop)]
+        cmd = [sys.executable, __file__, "--worker", "--shim", shim, "--seed", str(seed)]
+        cmd += ["--start", str(i), "--stop", str(stop)]
         errors = tempfile.TemporaryFile()  # a file, not a pipe: a chatty child never blocks on it
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, bufsize=0)
         current, deadline, hung = None, time.monotonic() + timeout + 30, False  # +30: the child's imports
@@ -832,7 +911,7 @@ def usable_shims() -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shim", action="append", help="shim name (entry point or FLUX_DNN_<NAME>_SHIM); default: every one")
+    p.add_argument("--shim", action="append", help="shim (entry point or FLUX_DNN_<NAME>_SHIM); default: every one")
     p.add_argument("--seed", type=int, action="append", help="seed (repeatable); default: the CI list and one fresh")
     p.add_argument("--cases", type=int, default=2000, help="cases per shim and seed")
     p.add_argument("--case", type=int, help="run this one case alone, in this process")
