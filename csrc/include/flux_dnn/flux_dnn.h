@@ -24,6 +24,14 @@
  *  - A function returns NULL on success or an FDNN_Error* on failure. An error is owned by the
  *    caller, who frees it with Error_Destroy of the same table. No C++ exception, longjmp or
  *    abort leaves a shim; on error no `// out` field and no output tensor has been written.
+ *  - Any argument outside the rules written here gets FDNN_ERROR_INVALID_ARGUMENT, and a valid
+ *    one the shim cannot serve FDNN_ERROR_UNSUPPORTED: never a crash, a hang or a success.
+ *    (What a shim cannot see is the caller's promise: that a non-NULL pointer points where and
+ *    as far as it says, and that a plan is one of this shim not yet destroyed.)
+ *  - Pointers that may be NULL say so beside them; every other pointer is non-NULL. An args
+ *    pointer is never NULL (a function that returns an error refuses NULL with
+ *    FDNN_ERROR_INVALID_ARGUMENT). extension_start and next may be NULL. Unknown bits of
+ *    flags are ignored.
  *
  * Versioning: FDNN_ABI_MAJOR / FDNN_ABI_MINOR.
  *  - MINOR grows when something is added in a compatible way: a function appended to the end
@@ -196,10 +204,21 @@ typedef struct { /* = DLDataType */
  * on shapes, strides, dtypes and device, and, when `data` is given, on the alignment of
  * data + byte_offset (up to 16 bytes), which a shim may assume at execute (vectorised GPU
  * loads) and must check there; callers that cache plans key them by that alignment too.
- * data + byte_offset is always aligned to the element size (bits / 8); a shim refuses
- * anything else with FDNN_ERROR_INVALID_ARGUMENT. `shape` and `strides` are borrowed for the
- * duration of the call, never NULL when ndim > 0; `strides` are in elements (the caller
- * fills compact strides in). */
+ * data + byte_offset is always aligned to the element size (bits / 8), at plan time and at
+ * execute; a shim refuses anything else with FDNN_ERROR_INVALID_ARGUMENT. `shape` and
+ * `strides` are borrowed for the duration of the call, never NULL when ndim > 0; `strides` are
+ * in elements (the caller fills compact strides in).
+ * The rules a shim checks, in every shim alike, before any vendor call:
+ *  - every dim >= 1; every stride >= 0 (0 repeats an element: allowed on tensors the op reads
+ *    only; a tensor the op writes must not overlap itself, so its dims of size > 1, ordered by
+ *    stride, each step past all elements of the dims inside them);
+ *  - dtype.lanes is 1 and dtype.bits a positive multiple of 8; device_id in 0..num_devices-1;
+ *  - the largest size: a tensor's element count, its span (1 + sum of (shape[i]-1)*strides[i])
+ *    and both times the element size are at most INT64_MAX, as are x + padding_lo +
+ *    padding_hi and dilation * (kernel - 1) + 1 of each spatial dim; a shim computes them with
+ *    overflow-checked arithmetic. A valid size beyond what the vendor indexes (e.g. more
+ *    than INT32_MAX elements in a tensor for a vendor that indexes in int) is
+ *    FDNN_ERROR_UNSUPPORTED. */
 typedef struct {
   void* data;
   FDNN_DLDevice device;
@@ -423,7 +442,8 @@ typedef struct {
   void* stream;
 
   FDNN_Plan* plan;        /* out: owned by the caller, freed with Plan_Destroy */
-  size_t workspace_size;  /* out: bytes Conv_Plan_Execute needs, <= workspace_limit */
+  size_t workspace_size;  /* out: bytes Conv_Plan_Execute needs, <= workspace_limit (a shim
+                             that cannot stay within it fails with FDNN_ERROR_UNSUPPORTED) */
   int64_t chosen_algo_id; /* out: pass back with FDNN_ALGO_GIVEN to get the same algorithm */
   const char* algo_name;  /* out: readable, owned by the plan, lives as long as it */
 } FDNN_Conv_Plan_Create_Args;
@@ -433,16 +453,20 @@ typedef FDNN_Error* FDNN_Conv_Plan_Create(FDNN_Conv_Plan_Create_Args* args);
 typedef struct {
   size_t struct_size;
   FDNN_Extension_Base* extension_start;
-  const FDNN_Plan* plan; /* borrowed; a plan may execute on several threads at once */
+  const FDNN_Plan* plan; /* borrowed; a plan may execute on several threads at once; NULL is
+                            FDNN_ERROR_INVALID_ARGUMENT */
   /* Device pointers to the first element (DLTensor data + byte_offset), laid out exactly as
-   * described at plan time. All borrowed for the call. Unused ones (by op) may be NULL.
-   * (Metal: `data` itself, the offsets in FDNN_Buffer_Offsets, since 2.1.) */
+   * described at plan time, each aligned to the element size (else INVALID_ARGUMENT). All
+   * borrowed for the call. Unused ones (by op) may be NULL; a NULL one the op reads or writes
+   * is FDNN_ERROR_INVALID_ARGUMENT. (Metal: `data` itself, the offsets in FDNN_Buffer_Offsets,
+   * since 2.1.) */
   void* x;
   void* w;
   void* y;
   void* bias;
-  /* Scratch of at least workspace_size bytes, 64-byte aligned, not shared with another
-   * call in flight; borrowed; NULL when workspace_size is 0. */
+  /* Scratch of at least the plan's workspace_size bytes (fewer, or NULL when the plan needs
+   * some, is FDNN_ERROR_INVALID_ARGUMENT), 64-byte aligned, not shared with another call in
+   * flight; borrowed; may be NULL when the plan's workspace_size is 0. */
   void* workspace;
   size_t workspace_size;
   void* stream; /* cudaStream_t / hipStream_t / MTLCommandQueue; borrowed; NULL on CPU */

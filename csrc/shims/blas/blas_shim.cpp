@@ -212,8 +212,10 @@ fdnn_shim::Capabilities capabilities(int32_t op, FDNN_DLDataType dtype);
 // The shared rules (fdnn_shim::check_conv_problem), what this shim reports it computes
 // (fdnn_shim::check_covered), then what only OpenBLAS asks.
 void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
-  fdnn_shim::check_conv_problem(a, FDNN_DEVICE_CPU);
+  fdnn_shim::check_conv_problem(a, FDNN_DEVICE_CPU, /*num_devices=*/1);
   fdnn_shim::check_covered(a, capabilities(a.op, a.x->dtype), "the OpenBLAS shim");
+  // OpenBLAS (the 32-bit-index build) takes its GEMM sizes and leading dimensions in int.
+  fdnn_shim::check_vendor_int_range(a, INT32_MAX, "OpenBLAS");
   const Dt dt = dt_of(a.x->dtype);
   if (a.compute_type.bits != 0 || a.compute_type.code != 0) {
     const bool ok = a.compute_type.code == FDNN_DTYPE_FLOAT &&
@@ -1146,13 +1148,8 @@ void pack_into(Plan& plan, const void* w) {
 
 // Times a plan on zero-filled buffers (benchmark policy).
 double time_plan(const Plan& plan, const FDNN_Conv_Plan_Create_Args& a) {
-  auto bytes_of = [](const FDNN_DLTensor* t) {
-    if (!fdnn_shim::has_tensor(t)) return size_t{0};
-    size_t span = 1;
-    for (int i = 0; i < t->ndim; ++i) span += static_cast<size_t>(t->shape[i] - 1) * t->strides[i];
-    return span * t->dtype.bits / 8;
-  };
-  std::vector<std::vector<double>> buffers;
+  auto bytes_of = [](const FDNN_DLTensor* t) { return fdnn_shim::span_bytes(t); };
+  std::vector<std::vector<double>> buffers;  // sizes checked by fdnn_shim::benchmark_fits
   void* pointers[4];
   const FDNN_DLTensor* tensors[4] = {a.x, a.w, a.y, a.bias};
   for (int i = 0; i < 4; ++i) {
@@ -1297,6 +1294,7 @@ Plan chosen_plan(const FDNN_Conv_Plan_Create_Args& a) {
     for (Lowering l : lowerings_for(a)) {
       Plan candidate = make_plan(a, l);
       if (candidate.workspace > a.workspace_limit) continue;
+      if (!fdnn_shim::benchmark_fits(a, candidate.workspace)) continue;
       const double t = time_plan(candidate, a);
       if (!have || t < best) {
         best = t;
@@ -1331,7 +1329,9 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Create_Args_STRUCT_SIZE, "Conv_Plan_Create");
     check_problem(*args);
-    auto* owned = new Plan(plan_within_limit(*args));
+    Plan plan = plan_within_limit(*args);
+    fdnn_shim::check_workspace_within_limit(plan.workspace, *args, "the OpenBLAS shim");
+    auto* owned = new Plan(std::move(plan));
     args->plan = reinterpret_cast<FDNN_Plan*>(owned);
     args->workspace_size = owned->workspace;
     args->chosen_algo_id = owned->algo_id;
@@ -1343,10 +1343,7 @@ FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE, "Conv_Plan_Execute");
     const Plan& plan = fdnn_shim::plan_of<Plan>(args->plan, "Conv_Plan_Execute");
-    fdnn_shim::check_execute_alignment(*args, storage_size(plan.dt));
-    if (args->workspace_size < plan.workspace || (plan.workspace > 0 && args->workspace == nullptr))
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "workspace of %zu bytes is smaller than the %zu needed",
-           args->workspace_size, plan.workspace);
+    fdnn_shim::check_execute_args(*args, storage_size(plan.dt), plan.workspace);
     void* const pointers[4] = {args->x, args->w, args->y, args->bias};
     const bool need[4] = {true, !plan.packed_w, true, plan.has_bias};
     for (int i = 0; i < 4; ++i)

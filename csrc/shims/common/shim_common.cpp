@@ -4,6 +4,7 @@
 #include <pthread.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <sstream>
 #include <string>
@@ -100,10 +101,22 @@ void check_enums(const FDNN_Conv_Plan_Create_Args& a) {
          static_cast<int>(a.algo_policy));
 }
 
+// A dtype as the header allows it: lanes 1, bits whole bytes (what an element size needs).
+void check_dtype_form(FDNN_DLDataType t, const char* name) {
+  if (t.lanes != 1)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has lanes %u; the header allows lanes 1 only", name,
+         static_cast<unsigned>(t.lanes));
+  if (t.bits == 0 || t.bits % 8 != 0)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has bits %u; it must be a positive multiple of 8", name,
+         static_cast<unsigned>(t.bits));
+}
+
 // One descriptor: present, of `ndim` dims (or, with `optional`, ndim 0), shape and strides
-// given, no empty dim, on the shim's device type, data aligned to its element size.
+// given, no empty dim, strides >= 0, on the shim's device type and a device id in range, of
+// a dtype of the header's form, data aligned to its element size, and an extent that fits
+// int64 (and, from its data pointer, the address space).
 void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim, int32_t device_type,
-                  bool optional = false) {
+                  int32_t num_devices, bool optional = false) {
   if (t == nullptr)
     fail(FDNN_ERROR_INVALID_ARGUMENT, "%s is NULL: every descriptor is required%s", name,
          optional ? " (ndim 0 describes no bias)" : "");
@@ -114,18 +127,58 @@ void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim, int32_t de
   if (t->shape == nullptr || t->strides == nullptr)
     fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has ndim %d and a NULL %s", name, ndim,
          t->shape == nullptr ? "shape" : "strides");
-  for (int i = 0; i < ndim; ++i)
+  for (int i = 0; i < ndim; ++i) {
     if (t->shape[i] < 1)
       fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has shape[%d] = %lld; every dim must be >= 1", name,
            i, static_cast<long long>(t->shape[i]));
+    if (t->strides[i] < 0)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "%s has strides[%d] = %lld; strides must be >= 0", name,
+           i, static_cast<long long>(t->strides[i]));
+  }
   if (t->device.device_type != device_type)
     fail(FDNN_ERROR_INVALID_ARGUMENT, "%s is on DLPack device type %d; this shim serves %d",
          name, static_cast<int>(t->device.device_type), static_cast<int>(device_type));
+  if (t->device.device_id < 0 || (num_devices >= 0 && t->device.device_id >= num_devices))
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "%s is on device_id %d; this shim has devices 0 to %d",
+         name, static_cast<int>(t->device.device_id), static_cast<int>(num_devices - 1));
+  check_dtype_form(t->dtype, name);
+  const uint64_t bytes = element_bytes(t->dtype);
   const uintptr_t first = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
-  if (t->data != nullptr && first % element_bytes(t->dtype) != 0)
+  if (t->data != nullptr && first % bytes != 0)
     fail(FDNN_ERROR_INVALID_ARGUMENT,
-         "%s: data + byte_offset = %#llx is not aligned to its element size (%zu bytes)", name,
-         static_cast<unsigned long long>(first), element_bytes(t->dtype));
+         "%s: data + byte_offset = %#llx is not aligned to its element size (%llu bytes)", name,
+         static_cast<unsigned long long>(first), static_cast<unsigned long long>(bytes));
+  const Extent e = tensor_extent(*t, name);
+  uint64_t end = 0;
+  if (t->data != nullptr &&
+      (checked_add(reinterpret_cast<uintptr_t>(t->data), t->byte_offset, &end) ||
+       checked_add(end, static_cast<uint64_t>(e.span_bytes), &end)))
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "%s: data + byte_offset + its extent (%lld bytes) passes the end of the address space",
+         name, static_cast<long long>(e.span_bytes));
+}
+
+// A written tensor writes no element twice: its dims of size > 1, ordered by stride, each
+// step past all elements of the dims inside it (a zero stride on such a dim fails).
+void check_no_self_overlap(const FDNN_DLTensor* t, const char* name) {
+  int order[FDNN_MAX_SPATIAL_DIMS + 2];
+  int n = 0;
+  for (int i = 0; i < t->ndim; ++i) {  // insertion by stride: at most 5 dims
+    if (t->shape[i] == 1) continue;
+    int k = n++;
+    for (; k > 0 && t->strides[order[k - 1]] > t->strides[i]; --k) order[k] = order[k - 1];
+    order[k] = i;
+  }
+  int64_t reach = 1;  // elements spanned by the dims sorted so far (fits: tensor_extent)
+  for (int k = 0; k < n; ++k) {
+    const int i = order[k];
+    if (t->strides[i] < reach)
+      fail(FDNN_ERROR_INVALID_ARGUMENT,
+           "%s is written and strides[%d] = %lld makes its elements overlap (a written tensor "
+           "needs strides that step past the dims inside them; zero only on dims of size 1)",
+           name, i, static_cast<long long>(t->strides[i]));
+    reach = t->strides[i] * (t->shape[i] - 1) + reach;
+  }
 }
 
 // Stride, dilation and padding of each spatial dim, before anything divides by a stride.
@@ -166,7 +219,7 @@ void check_geometry(const FDNN_Conv_Plan_Create_Args& a) {
   const int64_t N = a.x->shape[0], C = a.x->shape[1], K = a.w->shape[0];
   if (g < 1)
     fail(FDNN_ERROR_INVALID_ARGUMENT, "groups is %lld; it must be >= 1", static_cast<long long>(g));
-  if (C % g != 0 || K % g != 0 || a.w->shape[1] * g != C)
+  if (C % g != 0 || K % g != 0 || C / g != a.w->shape[1])
     fail(FDNN_ERROR_INVALID_ARGUMENT,
          "channels do not fit groups=%lld: x has C=%lld, w has K=%lld and C/groups=%lld: %s",
          static_cast<long long>(g), static_cast<long long>(C), static_cast<long long>(K),
@@ -175,14 +228,28 @@ void check_geometry(const FDNN_Conv_Plan_Create_Args& a) {
     fail(FDNN_ERROR_INVALID_ARGUMENT, "y must be (N, K, ...) = (%lld, %lld, ...): %s",
          static_cast<long long>(N), static_cast<long long>(K), describe_problem(a).c_str());
   for (int i = 0; i < a.spatial_rank; ++i) {
-    const int64_t extent = a.dilation[i] * (a.w->shape[2 + i] - 1) + 1;
-    const int64_t padded = a.x->shape[2 + i] + a.padding_lo[i] + a.padding_hi[i];
-    const int64_t out = padded >= extent ? (padded - extent) / a.stride[i] + 1 : 0;
-    if (out != a.y->shape[2 + i])
+    const SpatialDim d = spatial_dim(a, i);
+    if (d.output != a.y->shape[2 + i])
       fail(FDNN_ERROR_INVALID_ARGUMENT, "spatial dim %d of y is %lld, the convolution gives %lld: %s",
-           i, static_cast<long long>(a.y->shape[2 + i]), static_cast<long long>(out),
+           i, static_cast<long long>(a.y->shape[2 + i]), static_cast<long long>(d.output),
            describe_problem(a).c_str());
   }
+}
+
+// The tensors the op writes: y (forward), x (backward_data), w and the bias gradient
+// (backward_weight).
+void check_written_tensors(const FDNN_Conv_Plan_Create_Args& a) {
+  if (a.op == FDNN_CONV_FORWARD) check_no_self_overlap(a.y, "y");
+  if (a.op == FDNN_CONV_BACKWARD_DATA) check_no_self_overlap(a.x, "x");
+  if (a.op == FDNN_CONV_BACKWARD_WEIGHT) {
+    check_no_self_overlap(a.w, "w");
+    if (has_tensor(a.bias)) check_no_self_overlap(a.bias, "bias");
+  }
+}
+
+void check_compute_type(FDNN_DLDataType t) {
+  if (t.code == 0 && t.bits == 0 && t.lanes <= 1) return;  // the vendor default
+  check_dtype_form(t, "compute_type");
 }
 
 void check_bias_and_activation(const FDNN_Conv_Plan_Create_Args& a) {
@@ -202,16 +269,126 @@ void check_bias_and_activation(const FDNN_Conv_Plan_Create_Args& a) {
 }  // namespace
 
 void check_conv_problem(const FDNN_Conv_Plan_Create_Args& a, int32_t device_type) {
+  check_conv_problem(a, device_type, -1);
+}
+
+void check_conv_problem(const FDNN_Conv_Plan_Create_Args& a, int32_t device_type,
+                        int32_t num_devices) {
   check_enums(a);
   const int ndim = a.spatial_rank + 2;
-  check_tensor(a.x, "x", ndim, device_type);
-  check_tensor(a.w, "w", ndim, device_type);
-  check_tensor(a.y, "y", ndim, device_type);
-  check_tensor(a.bias, "bias", 1, device_type, /*optional=*/true);
+  check_tensor(a.x, "x", ndim, device_type, num_devices);
+  check_tensor(a.w, "w", ndim, device_type, num_devices);
+  check_tensor(a.y, "y", ndim, device_type, num_devices);
+  check_tensor(a.bias, "bias", 1, device_type, num_devices, /*optional=*/true);
   check_same_device_and_dtype(a);
+  check_compute_type(a.compute_type);
   check_spatial_params(a);
   check_geometry(a);
   check_bias_and_activation(a);
+  check_written_tensors(a);
+}
+
+// Overflow-checked int64 arithmetic: true when the exact result does not fit.
+bool checked_mul(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool checked_add(int64_t a, int64_t b, int64_t* out) { return __builtin_add_overflow(a, b, out); }
+bool checked_add(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add_overflow(a, b, out); }
+
+Extent tensor_extent(const FDNN_DLTensor& t, const char* name) {
+  const int64_t bytes = static_cast<int64_t>(element_bytes(t.dtype));
+  Extent e;
+  int64_t span = 1;
+  bool over = false;
+  for (int i = 0; i < t.ndim; ++i) {
+    int64_t step = 0;
+    over = over || checked_mul(e.elements, t.shape[i], &e.elements) ||
+           checked_mul(t.shape[i] - 1, t.strides[i], &step) || checked_add(span, step, &span);
+  }
+  over = over || checked_mul(span, bytes, &e.span_bytes) ||
+         checked_mul(e.elements, bytes, &e.bytes);
+  if (over)
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "%s: its size or extent in bytes (by shape, strides and dtype) exceeds INT64_MAX, the "
+         "largest the header allows",
+         name);
+  e.span = span;
+  return e;
+}
+
+SpatialDim spatial_dim(const FDNN_Conv_Plan_Create_Args& a, int i) {
+  SpatialDim d;
+  const int64_t x = a.x->shape[2 + i], k = a.w->shape[2 + i];
+  if (checked_mul(a.dilation[i], k - 1, &d.kernel_extent) ||
+      checked_add(d.kernel_extent, int64_t{1}, &d.kernel_extent) ||
+      checked_add(x, a.padding_lo[i], &d.padded) || checked_add(d.padded, a.padding_hi[i], &d.padded))
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "spatial dim %d: x + padding_lo + padding_hi (%lld + %lld + %lld) or dilation * (kernel - "
+         "1) + 1 (%lld, %lld) exceeds INT64_MAX, the largest the header allows",
+         i, static_cast<long long>(x), static_cast<long long>(a.padding_lo[i]),
+         static_cast<long long>(a.padding_hi[i]), static_cast<long long>(a.dilation[i]),
+         static_cast<long long>(k));
+  d.output = d.padded >= d.kernel_extent ? (d.padded - d.kernel_extent) / a.stride[i] + 1 : 0;
+  return d;
+}
+
+void check_vendor_int_range(const FDNN_Conv_Plan_Create_Args& a, int64_t most,
+                            const char* shim) {
+  const std::pair<const FDNN_DLTensor*, const char*> tensors[] = {
+      {a.x, "x"}, {a.w, "w"}, {a.y, "y"}, {a.bias, "bias"}};
+  for (const auto& [t, name] : tensors) {
+    if (!has_tensor(t)) continue;
+    const Extent e = tensor_extent(*t, name);
+    if (e.elements > most || e.span > most)
+      fail(FDNN_ERROR_UNSUPPORTED,
+           "%s: %s has %lld elements over a span of %lld; %s indexes at most %lld: %s", shim,
+           name, static_cast<long long>(e.elements), static_cast<long long>(e.span), shim,
+           static_cast<long long>(most), describe_problem(a).c_str());
+  }
+  for (int i = 0; i < a.spatial_rank; ++i) {
+    const SpatialDim d = spatial_dim(a, i);
+    const int64_t values[] = {a.stride[i], a.dilation[i], a.padding_lo[i], a.padding_hi[i],
+                              d.padded, d.kernel_extent};
+    for (int64_t v : values)
+      if (v > most)
+        fail(FDNN_ERROR_UNSUPPORTED,
+             "%s: spatial dim %d has a stride, dilation, padding or padded size of %lld; %s "
+             "indexes at most %lld: %s",
+             shim, i, static_cast<long long>(v), shim, static_cast<long long>(most),
+             describe_problem(a).c_str());
+  }
+  if (a.groups > most)
+    fail(FDNN_ERROR_UNSUPPORTED, "%s: groups %lld; %s indexes at most %lld", shim,
+         static_cast<long long>(a.groups), shim, static_cast<long long>(most));
+}
+
+size_t span_bytes(const FDNN_DLTensor* t) {
+  return has_tensor(t) ? static_cast<size_t>(tensor_extent(*t, "tensor").span_bytes) : 0;
+}
+
+bool benchmark_fits(const FDNN_Conv_Plan_Create_Args& a, size_t workspace) {
+  uint64_t total = workspace;
+  for (const FDNN_DLTensor* t : {a.x, a.w, a.y, a.bias})
+    if (checked_add(total, static_cast<uint64_t>(span_bytes(t)), &total)) return false;
+  return total <= static_cast<uint64_t>(kMostBenchmarkBytes);
+}
+
+void check_workspace_within_limit(size_t workspace_size, const FDNN_Conv_Plan_Create_Args& a,
+                                  const char* shim) {
+  if (workspace_size > a.workspace_limit)
+    fail(FDNN_ERROR_UNSUPPORTED,
+         "%s needs %zu bytes of workspace, more than workspace_limit %zu: %s", shim,
+         workspace_size, a.workspace_limit, describe_problem(a).c_str());
+}
+
+void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a, size_t element_size,
+                        size_t workspace_needed) {
+  check_execute_alignment(a, element_size);
+  if (a.workspace_size < workspace_needed)
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "Conv_Plan_Execute: workspace_size %zu is smaller than the plan's %zu", a.workspace_size,
+         workspace_needed);
+  if (workspace_needed > 0 && a.workspace == nullptr)
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "Conv_Plan_Execute: workspace is NULL; the plan needs %zu bytes", workspace_needed);
 }
 
 namespace {

@@ -115,15 +115,67 @@ const char* activation_name(int32_t act);  // "relu", ...; "unknown" outside FDN
 const char* dtype_name(FDNN_DLDataType t);
 
 // The rules of the header that every shim checks alike, cheaply and before any vendor call
-// (FDNN_ERROR_INVALID_ARGUMENT with a message naming the field and its value): op,
+// (FDNN_ERROR_INVALID_ARGUMENT with a message naming the field, its value and the rule): op,
 // activation and algo_policy inside their enums; spatial_rank 1 to 3; x, w, y and bias
 // descriptors present (bias ndim 0 for none), shape and strides not NULL, non-empty dims,
-// all on one device of `device_type`, of one dtype, data + byte_offset (when data is given)
-// aligned to the element size; stride >= 1, dilation >= 1, padding >= 0 (checked before any
-// division by a stride); channels that fit the groups; output sizes that follow from stride,
-// dilation and padding; bias (K,) and only where the op takes one; an activation on forward
-// only. What a shim computes is checked after this, by check_covered and by the shim.
+// strides >= 0, all on one device of `device_type` with a device_id in 0..num_devices-1
+// (num_devices < 0: not known here, the shim checks it), of one dtype with lanes 1 and whole
+// bytes, data + byte_offset (when data is given) aligned to the element size; every size and
+// extent in bytes within INT64_MAX (overflow-checked, as is every product and sum below);
+// compute_type the default or of a dtype's form; stride >= 1, dilation >= 1, padding >= 0
+// (checked before any division by a stride); channels that fit the groups; output sizes that
+// follow from stride, dilation and padding; bias (K,) and only where the op takes one; an
+// activation on forward only; written tensors whose elements do not overlap. What a shim
+// computes is checked after this, by check_covered, check_vendor_int_range and the shim.
+void check_conv_problem(const FDNN_Conv_Plan_Create_Args& a, int32_t device_type,
+                        int32_t num_devices);
 void check_conv_problem(const FDNN_Conv_Plan_Create_Args& a, int32_t device_type);
+
+// Overflow-checked arithmetic: true when the exact result does not fit (then *out is
+// unspecified).
+bool checked_mul(int64_t a, int64_t b, int64_t* out);
+bool checked_add(int64_t a, int64_t b, int64_t* out);
+bool checked_add(uint64_t a, uint64_t b, uint64_t* out);
+
+// A tensor's size: elements (product of the shape), span (elements from the first to one
+// past the last, by strides), and both in bytes. INVALID_ARGUMENT, naming `name`, when any of
+// them exceeds INT64_MAX. Needs shape and strides checked (check_conv_problem does).
+struct Extent {
+  int64_t elements = 1;
+  int64_t span = 1;
+  int64_t bytes = 0;
+  int64_t span_bytes = 0;
+};
+Extent tensor_extent(const FDNN_DLTensor& t, const char* name);
+
+// Spatial dim i of a convolution: the padded input x + padding_lo + padding_hi, the dilated
+// kernel dilation * (kernel - 1) + 1, and the output size they give (0 when the kernel does not
+// fit). INVALID_ARGUMENT when an intermediate exceeds INT64_MAX.
+struct SpatialDim {
+  int64_t padded = 0;
+  int64_t kernel_extent = 0;
+  int64_t output = 0;
+};
+SpatialDim spatial_dim(const FDNN_Conv_Plan_Create_Args& a, int i);
+
+// A vendor's integer range (after check_conv_problem): FDNN_ERROR_UNSUPPORTED, naming `shim`
+// and the value, when a tensor's element count or span, a stride, dilation, padding, padded
+// size, dilated kernel or groups exceeds `most` (INT32_MAX for a vendor that indexes in int).
+void check_vendor_int_range(const FDNN_Conv_Plan_Create_Args& a, int64_t most, const char* shim);
+
+// Bytes of the buffers a benchmark (FDNN_ALGO_BENCHMARK on a CPU) allocates to time a
+// candidate: the span of every tensor given, in bytes (each fits int64: tensor_extent).
+// Candidates are timed only when this, with the largest workspace, stays within
+// kMostBenchmarkBytes; beyond it the policy falls back to the heuristic's choice, so that no
+// description makes a shim allocate and touch gigabytes to time it.
+constexpr int64_t kMostBenchmarkBytes = int64_t{1} << 30;
+bool benchmark_fits(const FDNN_Conv_Plan_Create_Args& a, size_t workspace);
+size_t span_bytes(const FDNN_DLTensor* t);  // 0 for no tensor (bias of ndim 0)
+
+// FDNN_ERROR_UNSUPPORTED when a plan about to be returned needs more than workspace_limit (the
+// header: workspace_size <= workspace_limit), whichever way the shim found it.
+void check_workspace_within_limit(size_t workspace_size, const FDNN_Conv_Plan_Create_Args& a,
+                                  const char* shim);
 
 // ------------------------------------------------------------------------------------------
 // Capabilities
@@ -182,6 +234,11 @@ void check_aligned(const void* p, size_t element_size, const char* function, con
 
 // check_aligned for each of Conv_Plan_Execute's x, w, y and bias.
 void check_execute_alignment(const FDNN_Conv_Plan_Execute_Args& a, size_t element_size);
+
+// Conv_Plan_Execute's own arguments after plan_of: data pointers aligned to the element size,
+// a workspace of at least `workspace_needed` bytes, not NULL when that is above 0.
+void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a, size_t element_size,
+                        size_t workspace_needed);
 
 // Whether this process is a child made by fork() after the shim was loaded.
 bool in_forked_child();

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <unordered_map>
 #include <cstdlib>
@@ -120,8 +121,11 @@ fdnn_shim::Capabilities capabilities(int32_t op, FDNN_DLDataType dtype);
 // The shared rules (fdnn_shim::check_conv_problem), what this shim reports it computes
 // (fdnn_shim::check_covered), then what only oneDNN asks.
 void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
-  fdnn_shim::check_conv_problem(a, FDNN_DEVICE_CPU);
+  fdnn_shim::check_conv_problem(a, FDNN_DEVICE_CPU, /*num_devices=*/1);
   fdnn_shim::check_covered(a, capabilities(a.op, a.x->dtype), "the oneDNN shim");
+  // oneDNN's kernels set up in int (products of dims included: a SIGFPE or a hang beyond it),
+  // so no tensor's element count or span, and no spatial parameter, may exceed INT32_MAX.
+  fdnn_shim::check_vendor_int_range(a, INT32_MAX, "oneDNN");
   if (a.compute_type.bits != 0 &&
       !(a.compute_type.code == FDNN_DTYPE_FLOAT && a.compute_type.bits == 32))
     fail(FDNN_ERROR_UNSUPPORTED, "oneDNN accumulates in float32 only");
@@ -246,7 +250,9 @@ Problem describe(const FDNN_Conv_Plan_Create_Args& a, bool convert) {
   p.w = weights_md(a.w, a.groups, p.dt);
   p.w_user = weights_md(a.w, a.groups, user_dt);
   if (bias) {
-    p.bias = memory::desc(dims_of(a.bias), p.dt, strides_of(a.bias));
+    // Dense for the primitive whatever the caller's strides: oneDNN's kernels read K biases
+    // in a row, so a broadcast (stride 0) bias is staged dense, not read past its buffer.
+    p.bias = memory::desc(dims_of(a.bias), p.dt, memory::format_tag::a);
     p.bias_user = memory::desc(dims_of(a.bias), user_dt, strides_of(a.bias));
   }
   for (int i = 0; i < a.spatial_rank; ++i) {
@@ -929,6 +935,7 @@ Plan policy_plan(const FDNN_Conv_Plan_Create_Args& a) {
       try {
         Plan candidate = make_plan(a, base + l);
         if (candidate.workspace_size > a.workspace_limit) continue;
+        if (!fdnn_shim::benchmark_fits(a, candidate.workspace_size)) continue;
         double t = time_plan(candidate, a);
         if (plan.name.empty() || t < best) {
           best = t;
@@ -975,6 +982,7 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
   } catch (const dnnl::error& e) {
     fail_vendor(e, a, "primitive creation");
   }
+  fdnn_shim::check_workspace_within_limit(plan.workspace_size, a, "the oneDNN shim");
   plan.threads = threads;
   plan.op = a.op;
   plan.element_size = fdnn_shim::element_bytes(a.x->dtype);
@@ -987,17 +995,11 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
 
 // Times a candidate on zero-filled buffers of the problem's sizes (benchmark policy).
 double time_plan(const Plan& plan, const FDNN_Conv_Plan_Create_Args& a) {
-  auto bytes_of = [](const FDNN_DLTensor* t) {
-    if (!fdnn_shim::has_tensor(t)) return size_t{0};
-    size_t span = 1;  // elements from the first to one past the last
-    for (int i = 0; i < t->ndim; ++i) span += static_cast<size_t>(t->shape[i] - 1) * t->strides[i];
-    return span * t->dtype.bits / 8;
-  };
-  std::vector<std::vector<char>> buffers;
+  std::vector<std::vector<char>> buffers;  // sizes checked by fdnn_shim::benchmark_fits
   void* pointers[4];
   const FDNN_DLTensor* tensors[4] = {a.x, a.w, a.y, a.bias};
   for (int i = 0; i < 4; ++i) {
-    buffers.emplace_back(std::max<size_t>(bytes_of(tensors[i]), 64), 0);
+    buffers.emplace_back(std::max<size_t>(fdnn_shim::span_bytes(tensors[i]), 64), 0);
     pointers[i] = buffers.back().data();
   }
   std::vector<char> workspace(std::max<size_t>(plan.workspace_size, 64));
@@ -1016,11 +1018,7 @@ FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE, "Conv_Plan_Execute");
     const Plan& plan = fdnn_shim::plan_of<Plan>(args->plan, "Conv_Plan_Execute");
-    fdnn_shim::check_execute_alignment(*args, plan.element_size);
-    if (args->workspace_size < plan.workspace_size ||
-        (plan.workspace_size > 0 && args->workspace == nullptr))
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "workspace of %zu bytes is smaller than the %zu needed",
-           args->workspace_size, plan.workspace_size);
+    fdnn_shim::check_execute_args(*args, plan.element_size, plan.workspace_size);
     void* const pointers[4] = {args->x, args->w, args->y, args->bias};
     fdnn_shim::on_fork_safe_thread([&] {
       try {
