@@ -10,5 +10,13 @@
 set -euo pipefail
 work="$1"
 start=$SECONDS
+# The MIOpen shim (installed by .ci/rocm.sh) has no MIOpen here: it plans on its test double
+# (tests/doubles/miopen, host memory), which checks the argument rules, never AMD GPUs.
+if python -c "import flux_dnn_rocm" 2>/dev/null; then
+  FLUX_DNN_MIOPEN_LIBRARY="$(python -c "import sys; sys.path.insert(0, 'tests')
+from doubles import miopen
+print(miopen.build(sys.argv[1]))" "$work/miopen-double")"
+  export FLUX_DNN_MIOPEN_LIBRARY
+fi
 python tests/abi_fuzz/fuzz.py --json "$work/abi_fuzz_counts.json"
 echo "abi fuzz: $((SECONDS - start)) s"
