@@ -159,7 +159,8 @@ class TorchLibrary(ArrayLibrary):
     def __init__(self, device_type=CPU):
         super().__init__()
         self.device_type = device_type
-        self.device = {CPU: "cpu", CUDA: "cuda", ROCM: "cuda", METAL: "mps"}[device_type]  # (torch ROCm calls HIP "cuda")
+        # (torch ROCm calls its HIP devices "cuda")
+        self.device = {CPU: "cpu", CUDA: "cuda", ROCM: "cuda", METAL: "mps"}[device_type]
 
     def unavailable(self):
         reason = super().unavailable()
