@@ -67,7 +67,8 @@ void require_usable() {
 void require_device(int device) {
   require_usable();
   if (device < 0 || device >= libraries().num_devices)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "miopen: no AMD GPU %d (this process sees %d)", device,
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "miopen: device_id %d: no such AMD GPU device (this process sees %d)", device,
          libraries().num_devices);
 }
 
