@@ -146,6 +146,7 @@ def _opened(name: str, build_dir: pathlib.Path) -> F.Shim:
     if name == "miopen" and miopen_double.wanted():
         # No AMD GPU or MIOpen here: the shim runs on the test double (tests/doubles/miopen),
         # which checks its plumbing against MIOpen's contracts (FLUX_DNN_MIOPEN_REAL=1: not).
+        miopen_double.build_or_skip(build_dir / "miopen_double")  # no C++ compiler: skip
         miopen_double.use(build_dir / "miopen_double")
     if source.preload is not None:
         try:
