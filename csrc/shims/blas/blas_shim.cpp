@@ -1343,13 +1343,9 @@ FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
   return fdnn_shim::guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE, "Conv_Plan_Execute");
     const Plan& plan = fdnn_shim::plan_of<Plan>(args->plan, "Conv_Plan_Execute");
-    fdnn_shim::check_execute_args(*args, storage_size(plan.dt), plan.workspace);
+    fdnn_shim::check_execute_args(*args, storage_size(plan.dt), plan.workspace,
+                                  {true, !plan.packed_w, true, plan.has_bias});
     void* const pointers[4] = {args->x, args->w, args->y, args->bias};
-    const bool need[4] = {true, !plan.packed_w, true, plan.has_bias};
-    for (int i = 0; i < 4; ++i)
-      if (need[i] && pointers[i] == nullptr)
-        fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs (%s) is NULL",
-             i == 0 ? "x" : i == 1 ? "w" : i == 2 ? "y" : "bias");
     execute_plan(plan, pointers, static_cast<char*>(args->workspace));
   });
 }

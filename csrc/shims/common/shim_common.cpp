@@ -380,7 +380,17 @@ void check_workspace_within_limit(size_t workspace_size, const FDNN_Conv_Plan_Cr
 }
 
 void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a, size_t element_size,
-                        size_t workspace_needed) {
+                        size_t workspace_needed, NeededPointers needed) {
+  const struct {
+    bool needed;
+    const void* pointer;
+    const char* name;
+  } data[] = {{needed.x, a.x, "x"}, {needed.w, a.w, "w"}, {needed.y, a.y, "y"},
+              {needed.bias, a.bias, "bias"}};
+  for (const auto& d : data)
+    if (d.needed && d.pointer == nullptr)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Execute: %s is NULL, and the plan needs it",
+           d.name);
   check_execute_alignment(a, element_size);
   if (a.workspace_size < workspace_needed)
     fail(FDNN_ERROR_INVALID_ARGUMENT,

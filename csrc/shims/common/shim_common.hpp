@@ -235,10 +235,17 @@ void check_aligned(const void* p, size_t element_size, const char* function, con
 // check_aligned for each of Conv_Plan_Execute's x, w, y and bias.
 void check_execute_alignment(const FDNN_Conv_Plan_Execute_Args& a, size_t element_size);
 
-// Conv_Plan_Execute's own arguments after plan_of: data pointers aligned to the element size,
-// a workspace of at least `workspace_needed` bytes, not NULL when that is above 0.
+// The data pointers a plan reads or writes at execute: a NULL one of them is INVALID_ARGUMENT.
+// (The oneDNN shim checks its own, operand by operand, and passes none.)
+struct NeededPointers {
+  bool x = false, w = false, y = false, bias = false;
+};
+
+// Conv_Plan_Execute's own arguments after plan_of: the needed data pointers not NULL, every
+// data pointer aligned to the element size, a workspace of at least `workspace_needed` bytes,
+// not NULL when that is above 0.
 void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a, size_t element_size,
-                        size_t workspace_needed);
+                        size_t workspace_needed, NeededPointers needed = {});
 
 // Whether this process is a child made by fork() after the shim was loaded.
 bool in_forked_child();

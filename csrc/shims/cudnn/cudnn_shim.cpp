@@ -327,17 +327,11 @@ void check_alignment(const FDNN_Plan& plan, const void* ptr, const char* name) {
          static_cast<long long>(plan.problem.alignment));
 }
 
+// The header's rules (shared), then the alignment this plan assumed of the data.
 void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a) {
   const FDNN_Plan& plan = *a.plan;
-  if (a.x == nullptr || a.w == nullptr || a.y == nullptr)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: x, w and y pointers are all required");
-  if (plan.problem.has_bias && a.bias == nullptr)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: the plan has a bias but the bias pointer is "
-         "NULL");
-  if (plan.workspace_size > 0 && (a.workspace == nullptr || a.workspace_size <
-                                  plan.workspace_size))
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: the plan needs %zu bytes of workspace, got "
-         "%zu at %p", plan.workspace_size, a.workspace_size, a.workspace);
+  fdnn_shim::check_execute_args(a, plan.problem.element_size, plan.workspace_size,
+                                {true, true, true, plan.problem.has_bias});
   check_alignment(plan, a.x, "x");
   check_alignment(plan, a.w, "w");
   check_alignment(plan, a.y, "y");
@@ -400,7 +394,6 @@ void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
   fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE,
                                "Conv_Plan_Execute");
   const FDNN_Plan& plan = fdnn_shim::plan_of<FDNN_Plan>(args->plan, "Conv_Plan_Execute");
-  fdnn_shim::check_execute_alignment(*args, plan.problem.element_size);
   with_problem(plan.problem.description, [&] {
     check_execute_args(*args);
     DeviceGuard guard(plan.problem.device);

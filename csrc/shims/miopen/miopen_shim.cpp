@@ -806,22 +806,12 @@ void bias_gradient(const FDNN_Plan& p, miopenHandle_t h, const Tensor& dy, const
   if (!plain) copy(h, p.db_scratch, out, p.bias, db, p.alpha, p.beta);
 }
 
-void check_execute_args(const FDNN_Plan& p, const FDNN_Conv_Plan_Execute_Args& a) {
-  if (a.x == nullptr || a.w == nullptr || a.y == nullptr)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "miopen: x, w and y pointers are all required");
-  if (p.has_bias && a.bias == nullptr)
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "miopen: the plan has a bias but the bias pointer is NULL");
-  if (p.workspace_size > 0 && (a.workspace == nullptr || a.workspace_size < p.workspace_size))
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "miopen: the plan needs %zu bytes of workspace, got %zu "
-         "at %p", p.workspace_size, a.workspace_size, a.workspace);
-}
-
 void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
   fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE, "Conv_Plan_Execute");
   const FDNN_Plan& p = fdnn_shim::plan_of<FDNN_Plan>(args->plan, "Conv_Plan_Execute");
-  fdnn_shim::check_execute_alignment(*args, p.element_size);
   with_problem(p.description, [&] {
-    check_execute_args(p, *args);
+    fdnn_shim::check_execute_args(*args, p.element_size, p.workspace_size,
+                                  {true, true, true, p.has_bias});
     DeviceGuard guard(p.device);
     miopenHandle_t h = thread_handle(p.device, args->stream);
     char* ws = static_cast<char*>(args->workspace);
