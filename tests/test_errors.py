@@ -326,8 +326,9 @@ def versioned_capsule(major, array, deleted):
         0,
         DLTensor(array.ctypes.data, 1, 0, array.ndim, 2, array.itemsize * 8, 1, shape, None, 0),
     )
-    new = ctypes.pythonapi.PyCapsule_New
-    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+        ("PyCapsule_New", ctypes.pythonapi)
+    )  # our own prototype: pythonapi's argtypes are shared by the whole process
     return new(ctypes.addressof(managed), b"dltensor_versioned", None), (shape, deleter, managed, array)
 
 

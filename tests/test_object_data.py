@@ -27,9 +27,9 @@ class ManagedTensor(C.Structure):  # DLPack's DLManagedTensor (legacy, capsule "
     _fields_ = [("dl_tensor", F.DLTensor), ("manager_ctx", C.c_void_p), ("deleter", C.c_void_p)]
 
 
-_capsule_new = C.pythonapi.PyCapsule_New
-_capsule_new.restype = C.py_object
-_capsule_new.argtypes = [C.c_void_p, C.c_char_p, C.c_void_p]
+# A prototype of our own: ctypes.pythonapi.PyCapsule_New's argtypes are shared by the whole
+# process, and another module's (set after this one was collected) refused our None deleter.
+_capsule_new = C.PYFUNCTYPE(C.py_object, C.c_void_p, C.c_char_p, C.c_void_p)(("PyCapsule_New", C.pythonapi))
 _NAME = b"dltensor"
 
 
