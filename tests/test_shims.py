@@ -289,7 +289,7 @@ def test_a_shim_that_cannot_pack_keeps_the_callers_weights(tmp_path, small_plan_
     packed = _core.PackedConv(shim, forward_spec(), x, w, np.empty_like(x), None, None)
     assert not packed.packed and packed.algo_name == "fake algorithm"
     y = np.full(x.shape, np.nan, np.float32)
-    assert packed.run(x, y, None, None, None) is None and y.flat[0] == 42
+    assert packed.run(x, y, None, None, None) is y and y.flat[0] == 42
 
 
 # -- dispatch among several shims of one device -----------------------------------------------

@@ -9,6 +9,7 @@
 
 #include "dlpack_intake.hpp"
 #include "errors.hpp"
+#include "numpy_arrays.hpp"
 
 namespace py = pybind11;
 
@@ -243,11 +244,25 @@ std::shared_ptr<Plan> cached_plan(const Shim& shim, const ConvSpec& spec, const 
   return plan;
 }
 
+// Whether a convolution is small enough to run with the GIL held: CPU work of at most 2^15
+// multiply-adds (a few microseconds at most), where releasing and taking back the GIL would
+// cost a tenth of the call, as NumPy keeps it for short loops. y is the op's y (K channels),
+// so the count is y's elements times a filter's, for every op.
+bool keeps_gil(const FDNN_DLTensor& x, const FDNN_DLTensor& w, const FDNN_DLTensor& y) {
+  constexpr double kSmallMacs = 1 << 15;
+  if (x.device.device_type != FDNN_DEVICE_CPU || w.ndim < 1 || w.shape[0] < 1) return false;
+  double macs = 1;
+  for (int i = 0; i < y.ndim; ++i) macs *= static_cast<double>(y.shape[i]);
+  for (int i = 1; i < w.ndim; ++i) macs *= static_cast<double>(w.shape[i]);
+  return macs <= kSmallMacs;
+}
+
 // Executes a plan on first-element pointers, with a workspace from the per-thread CPU buffer
-// or, on GPUs, from the array library's allocator.
+// or, on GPUs, from the array library's allocator; without the GIL unless keep_gil.
 // `offsets` is chained when the arrays' data are objects (Metal), else NULL.
 void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle stream,
-             py::handle workspace_alloc, FDNN_Buffer_Offsets* offsets = nullptr) {
+             py::handle workspace_alloc, FDNN_Buffer_Offsets* offsets = nullptr,
+             bool keep_gil = false) {
   FDNN_Conv_Plan_Execute_Args e{};
   e.x = x;
   e.w = w;
@@ -272,6 +287,10 @@ void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle
       if (offsets != nullptr) offsets->workspace_offset = offset_of(*workspace);
     }
   }
+  if (keep_gil) {
+    fdnn_client::execute_plan(plan, e);
+    return;
+  }
   py::gil_scoped_release no_gil;
   fdnn_client::execute_plan(plan, e);
 }
@@ -293,10 +312,11 @@ void run_conv(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::ha
   FDNN_Buffer_Offsets offsets{FDNN_Buffer_Offsets_STRUCT_SIZE, FDNN_EXTENSION_BUFFER_OFFSETS,
                               nullptr, offset_of(x), offset_of(w), offset_of(y), offset_of(bias),
                               0};
+  const bool keep_gil = keeps_gil(x.desc(), w.desc(), y.desc());
   auto run = [&](const Plan& plan) {
     execute(plan, execute_pointer(x), execute_pointer(w), execute_pointer(y),
             execute_pointer(bias), stream, workspace_alloc,
-            data_is_object(x) ? &offsets : nullptr);
+            data_is_object(x) ? &offsets : nullptr, keep_gil);
   };
   std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream, workspace_alloc);
   try {
@@ -383,12 +403,25 @@ std::string TensorSignature::mismatch(const TensorSignature& planned) const {
   return "";
 }
 
+// Whether t matches this signature: what mismatch() would find nothing in.
+bool TensorSignature::fits(const BorrowedTensor& t) const {
+  if (t.present() != present) return false;
+  if (!present) return true;
+  const FDNN_DLTensor& d = t.desc();
+  if (d.ndim != ndim || std::memcmp(&d.dtype, &dtype, sizeof dtype) != 0) return false;
+  for (int i = 0; i < ndim; ++i)
+    if (d.shape[i] != shape[i] || (shape[i] != 1 && d.strides[i] != strides[i])) return false;
+  return fdnn_client::data_alignment(d) == alignment && d.device.device_type == device.device_type &&
+         d.device.device_id == device.device_id;
+}
+
 namespace {
 
 // Checks an array against the one a PackedConv was made for; raises naming what differs.
+// The comparison is made in place: a signature (and its words) only for an array that differs.
 void check_fits(const char* name, const BorrowedTensor& t, const TensorSignature& planned) {
+  if (planned.fits(t)) return;
   const std::string what = TensorSignature::of(t).mismatch(planned);
-  if (what.empty()) return;
   const std::string message = std::string(name) + ": does not fit this convolution plan: " + what;
   if (what.rfind("its dtype", 0) == 0) throw py::type_error(message);  // a dtype is a type
   throw py::value_error(message);
@@ -406,6 +439,7 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
   BorrowedTensor bias(bias_array, r.bias, stream);
   check_operands(shim, spec, r, x, w, y, bias);
   std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream);
+  keep_gil_ = keeps_gil(x.desc(), w.desc(), y.desc());
   x_signature_ = TensorSignature::of(x);
   y_signature_ = TensorSignature::of(y);
   bias_signature_ = TensorSignature::of(bias);
@@ -434,10 +468,12 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
                                  plan->algo_name + " [packed weights]");
 }
 
-void PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_array,
-                     py::handle stream, py::handle workspace_alloc) const {
-  BorrowedTensor x(x_array, "x", stream), y(y_array, "out", stream), bias(bias_array, "bias", stream);
+py::object PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_array,
+                           py::handle stream, py::handle workspace_alloc) const {
+  BorrowedTensor x(x_array, "x", stream), bias(bias_array, "bias", stream);
   check_fits("x", x, x_signature_);
+  py::object result = allocated_output(x_array, y_array);
+  BorrowedTensor y(result, "out", stream);
   check_fits("out", y, y_signature_);
   check_fits("bias", bias, bias_signature_);
   if (y.read_only()) throw py::value_error("out: the array is read-only");
@@ -452,7 +488,20 @@ void PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_arr
                               nullptr, offset_of(x), w ? offset_of(*w) : 0, offset_of(y),
                               offset_of(bias), 0};
   execute(*plan_, execute_pointer(x), w ? execute_pointer(*w) : nullptr, execute_pointer(y),
-          execute_pointer(bias), stream, workspace_alloc, data_is_object(x) ? &offsets : nullptr);
+          execute_pointer(bias), stream, workspace_alloc, data_is_object(x) ? &offsets : nullptr,
+          keep_gil_);
+  return result;
+}
+
+// y as given, or, for None and a NumPy x, a new NumPy array with the planned output's layout.
+py::object PackedConv::allocated_output(py::handle x_array, py::handle y_array) const {
+  if (!y_array.is_none()) return py::reinterpret_borrow<py::object>(y_array);
+  if (!is_numpy_array(x_array.ptr()))
+    throw py::type_error("out: a plan makes its output only for NumPy arrays; pass out=");
+  PyObject* made = numpy_empty(x_array.ptr(), y_signature_.dtype.bits / 8, y_signature_.ndim,
+                               y_signature_.shape, y_signature_.strides);
+  if (made == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(made);
 }
 
 }  // namespace fdnn_core

@@ -50,6 +50,7 @@ struct TensorSignature {
 
   static TensorSignature of(const BorrowedTensor& t);
   std::string mismatch(const TensorSignature& planned) const;  // "" when it fits
+  bool fits(const BorrowedTensor& t) const;  // mismatch() would be "" (and nothing allocated)
 
  private:
   bool same_strides(const TensorSignature& planned) const;
@@ -63,15 +64,20 @@ class PackedConv {
  public:
   PackedConv(const Shim& shim, const ConvSpec& spec, pybind11::handle x, pybind11::handle w,
              pybind11::handle y, pybind11::handle bias, pybind11::handle stream);
-  void run(pybind11::handle x, pybind11::handle y, pybind11::handle bias,
-           pybind11::handle stream, pybind11::handle workspace_alloc) const;
+  // Runs the plan on x into y and returns y; y None (NumPy x only): into a new array with the
+  // planned output's shape and layout.
+  pybind11::object run(pybind11::handle x, pybind11::handle y, pybind11::handle bias,
+                       pybind11::handle stream, pybind11::handle workspace_alloc) const;
   bool packed() const { return keep_w_.is_none(); }
   std::string algo_name() const { return plan_->algo_name; }
 
  private:
+  pybind11::object allocated_output(pybind11::handle x, pybind11::handle y) const;
+
   std::shared_ptr<fdnn_client::Plan> plan_;
   pybind11::object keep_w_;  // the caller's weights when the shim cannot pack (else None)
   TensorSignature x_signature_, y_signature_, bias_signature_;
+  bool keep_gil_ = false;  // small CPU work runs with the GIL held
 };
 
 }  // namespace fdnn_core

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "errors.hpp"
+#include "numpy_arrays.hpp"
 
 namespace py = pybind11;
 
@@ -166,38 +167,13 @@ py::object fallback_capsule(py::handle array, const char* argname, py::handle st
   }
 }
 
-// numpy.ndarray itself (not a subclass: those keep their own __dlpack__), found by name on
-// first sight so that the core does not import NumPy.
-bool is_numpy_array(PyObject* array) {
-  static PyTypeObject* ndarray = nullptr;
-  PyTypeObject* type = Py_TYPE(array);
-  if (type == ndarray) return true;
-  if (ndarray != nullptr || std::strcmp(type->tp_name, "numpy.ndarray") != 0) return false;
-  ndarray = type;
-  return true;
-}
-
-// The DLPack dtype of a buffer's struct-module format, for the formats taken this way
-// (native byte order: no prefix); false for any other.
-bool buffer_dtype(const char* format, FDNN_DLDataType& dtype) {
-  if (format == nullptr || format[0] == '\0' || format[1] != '\0') return false;
-  dtype.lanes = 1;
-  dtype.code = 2;  // kDLFloat
-  switch (format[0]) {
-    case 'f': dtype.bits = 32; return true;
-    case 'd': dtype.bits = 64; return true;
-    case 'e': dtype.bits = 16; return true;
-    default: return false;
-  }
-}
-
 }  // namespace
 
 void set_export_fallback(py::object fallback) { export_fallback() = std::move(fallback); }
 
 BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle stream) {
   if (array.is_none()) return;  // an absent optional operand
-  if (stream.is_none() && is_numpy_array(array.ptr()) && take_numpy_buffer(array)) return;
+  if (stream.is_none() && is_numpy_array(array.ptr()) && take_numpy_array(array)) return;
   py::object capsule;
   uint8_t override_code = 0, override_bits = 0;  // bits 0: the capsule's own dtype stands
   // An adapter may hand over a capsule it made through its library's fast exporter.
@@ -255,34 +231,26 @@ BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle
   present_ = true;
 }
 
-// Describes a NumPy array from its buffer: true when taken; false (nothing held, no error
+// Describes a NumPy array from its own fields: true when taken; false (nothing held, no error
 // pending) for what DLPack is to take or refuse in its own words: another dtype, byte order
-// or rank beyond kMaxDims, strides that are not whole elements.
-bool BorrowedTensor::take_numpy_buffer(py::handle array) {
-  if (PyObject_GetBuffer(array.ptr(), &view_, PyBUF_RECORDS_RO) != 0) {
-    PyErr_Clear();
-    return false;
-  }
-  FDNN_DLDataType dtype{};
-  bool plain = buffer_dtype(view_.format, dtype) && view_.ndim <= kMaxDims &&
-               view_.itemsize == dtype.bits / 8;
-  for (int i = 0; plain && i < view_.ndim; ++i) plain = view_.strides[i] % view_.itemsize == 0;
-  if (!plain) {
-    PyBuffer_Release(&view_);
-    return false;
-  }
-  has_view_ = true;
-  read_only_ = view_.readonly != 0;
-  desc_.data = view_.buf;
+// or rank beyond kMaxDims, strides that are not whole elements. The caller's reference keeps
+// the array alive for the call; NumPy refuses to resize an array others refer to.
+bool BorrowedTensor::take_numpy_array(py::handle array) {
+  NumpyView view;
+  if (!read_numpy(array.ptr(), view) || view.ndim > kMaxDims) return false;
+  for (int i = 0; i < view.ndim; ++i)
+    if (view.strides[i] % view.itemsize != 0) return false;
+  read_only_ = !view.writable;
+  desc_.data = view.data;
   desc_.device = FDNN_DLDevice{FDNN_DEVICE_CPU, 0};
-  desc_.ndim = view_.ndim;
-  desc_.dtype = dtype;
+  desc_.ndim = view.ndim;
+  desc_.dtype = view.dtype;
   desc_.shape = shape_;
   desc_.strides = strides_;
   desc_.byte_offset = 0;
-  for (int i = 0; i < view_.ndim; ++i) {
-    shape_[i] = view_.shape[i];
-    strides_[i] = view_.strides[i] / view_.itemsize;
+  for (int i = 0; i < view.ndim; ++i) {
+    shape_[i] = view.shape[i];
+    strides_[i] = view.strides[i] / view.itemsize;
   }
   present_ = true;
   return true;
@@ -291,8 +259,6 @@ bool BorrowedTensor::take_numpy_buffer(py::handle array) {
 void BorrowedTensor::release() {
   if (managed_ != nullptr && deleter_ != nullptr) deleter_(managed_);
   managed_ = nullptr;
-  if (has_view_) PyBuffer_Release(&view_);
-  has_view_ = false;
 }
 
 BorrowedTensor::~BorrowedTensor() { release(); }

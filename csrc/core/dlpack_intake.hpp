@@ -1,9 +1,9 @@
 // Taking arrays in through DLPack: an array's __dlpack__ capsule becomes an FDNN_DLTensor that
 // points at the array's own memory (no copy). The capsule is consumed the way the DLPack
 // protocol says: renamed to "used_..." and its deleter called when we are done.
-// NumPy arrays of float32, float64 and float16 come in through the buffer protocol instead
-// (a third of the cost of a capsule); anything the buffer does not describe plainly goes the
-// DLPack way, which keeps its errors.
+// NumPy arrays of float32, float64 and float16 in native byte order are read from their own
+// fields instead (numpy_arrays.hpp: no capsule, no buffer); anything else goes the DLPack
+// way, which keeps its errors.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -42,7 +42,7 @@ class BorrowedTensor {
   }
 
  private:
-  bool take_numpy_buffer(pybind11::handle array);
+  bool take_numpy_array(pybind11::handle array);
   void release();
   FDNN_DLTensor desc_{};
   int64_t shape_[kMaxDims] = {};
@@ -51,8 +51,6 @@ class BorrowedTensor {
   bool present_ = false;
   void* managed_ = nullptr;                // DLManagedTensor[Versioned]*
   void (*deleter_)(void* managed) = nullptr;  // its deleter, type-erased
-  Py_buffer view_{};                       // a NumPy array's buffer, when has_view_
-  bool has_view_ = false;
 };
 
 }  // namespace fdnn_core

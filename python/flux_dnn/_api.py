@@ -8,6 +8,7 @@ from ._geometry import KERNEL, SPATIAL
 from ._options import DEFAULT, options
 
 _NO_KEYWORDS = (DEFAULT, None)  # (options, out) of a call without keyword arguments
+_remembered_forward = _core.remembered_forward
 
 _COMMON_DOC = """
     Arguments follow ``torch.nn.functional.conv{nd}d``: x ``(N, C, {sp})``, w
@@ -37,21 +38,37 @@ _COMMON_DOC = """
 def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
     """N-D convolution; the spatial rank (1, 2 or 3) comes from ``x.ndim - 2``."""
     nd = _rank_of(getattr(x, "shape", None), "x")
+    if not kwargs:
+        y = _remembered_forward(nd, x, w, bias, stride, padding, dilation, groups)
+        if y is not None:
+            return y
     opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
     return _conv.forward(nd, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 def conv1d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
+    if not kwargs:  # a NumPy pattern seen before is answered by the core alone
+        y = _remembered_forward(1, x, w, bias, stride, padding, dilation, groups)
+        if y is not None:
+            return y
     opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
     return _conv.forward(1, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
+    if not kwargs:  # a NumPy pattern seen before is answered by the core alone
+        y = _remembered_forward(2, x, w, bias, stride, padding, dilation, groups)
+        if y is not None:
+            return y
     opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
     return _conv.forward(2, x, w, bias, stride, padding, dilation, groups, opts, out)
 
 
 def conv3d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
+    if not kwargs:  # a NumPy pattern seen before is answered by the core alone
+        y = _remembered_forward(3, x, w, bias, stride, padding, dilation, groups)
+        if y is not None:
+            return y
     opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
     return _conv.forward(3, x, w, bias, stride, padding, dilation, groups, opts, out)
 

@@ -30,6 +30,7 @@ from ._geometry import (
     transposed_output_sizes,
 )
 from ._options import ACTIVATIONS, ConvOptions
+from ._options import DEFAULT as DEFAULT_OPTIONS
 
 __all__ = ["ACTIVATIONS", "BACKWARD_DATA", "BACKWARD_WEIGHT", "FORWARD", "ConvPlan"]
 
@@ -39,7 +40,18 @@ BACKWARD_WEIGHT = _core.CONV_BACKWARD_WEIGHT
 _TRANSPOSE = "transpose"  # the memo's tag for conv_transpose, which runs as BACKWARD_DATA
 
 _MEMO_LIMIT = 4096
-_memo: dict = {}  # call pattern -> _Prepared (or _Transposed)
+
+
+class _Memo(dict):
+    """call pattern -> _Prepared (or _Transposed). The core remembers the NumPy forward
+    patterns served from here (_core.remember_forward); forgetting these forgets those."""
+
+    def clear(self):
+        _core.forget_forwards()
+        super().clear()
+
+
+_memo = _Memo()
 
 
 # ------------------------------------------------------------------------------------------
@@ -337,6 +349,7 @@ def forward(nd: int, x, w, bias, stride, padding, dilation, groups, options: Con
         prepared = _memo[key]
     except (KeyError, TypeError):
         key, prepared = _new_forward(nd, x, w, bias, stride, padding, dilation, groups, options)
+    core_may_remember = out is None and options is DEFAULT_OPTIONS
     if out is None:
         out = prepared.empty(x, prepared.out_shape, prepared.channels_last)
         direct = prepared.direct
@@ -347,13 +360,16 @@ def forward(nd: int, x, w, bias, stride, padding, dilation, groups, options: Con
     if direct:  # _execute's direct case, inlined: a Python frame is a tenth of a tiny call
         try:
             _core.run_conv(prepared.shim, prepared.spec, x, w, out, bias, None, None)
-            return out
+            moved = None
         except _core.UnsupportedError as refusal:
             moved = _call_elsewhere(prepared, refusal, x, w, out, bias, x)
     else:
         moved = _execute(prepared, False, x, w, out, bias, x)
     if moved is not None:
         _remember(key, moved)
+    if core_may_remember and direct and _BY_TYPE[type(x)].name == "numpy":  # the core answers it next time
+        served = moved or prepared
+        _core.remember_forward(nd, x, w, bias, stride, padding, dilation, groups, served.shim, served.spec, out)
     return out
 
 
@@ -596,6 +612,8 @@ class ConvPlan:
         self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
         self._bias = bias  # exported on every call: a capsule is consumed once
         self._gpu, self._direct = prepared.gpu, prepared.direct
+        # NumPy arrays: the core makes the output itself (no numpy.empty call per call)
+        self._core_allocates = prepared.direct and xo.adapter.name == "numpy"
         self.input_shape, self.output_shape, self.dtype = xo.shape, prepared.out_shape, xo.dtype
 
     @staticmethod
@@ -630,6 +648,8 @@ class ConvPlan:
                 f"got {type(x).__module__}.{type(x).__qualname__}"
             )
         if out is None:
+            if self._core_allocates:
+                return self._run(x, None, self._bias, None, None)
             out = self._empty(x, self._out_shape, self._channels_last)
         elif type(out) is not self._type:  # the core compares it with the plan
             return self._call_exported(x, out)

@@ -154,6 +154,32 @@ def plan_info(
     """The plan run_conv would run (made and cached, not executed): {"workspace_size",
     "algo_id", "algo_name"}."""
 
+def remembered_forward(nd: int, x: Any, w: Any, bias: Any | None, stride: Any, padding: Any, dilation: Any, groups: Any) -> Any:
+    """The result of a NumPy forward call pattern the core remembers (a new array), or None
+    when it does not remember it (the caller takes the Python path)."""
+
+def remember_forward(
+    nd: int,
+    x: Any,
+    w: Any,
+    bias: Any | None,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: Any,
+    shim: Shim,
+    spec: ConvSpec,
+    y: Any,
+) -> bool:
+    """Remembers the NumPy call pattern the Python path has just served into y; False when
+    the core cannot hold it (another array type or dtype, a geometry other than ints and
+    tuples of ints)."""
+
+def forget_forwards() -> None:
+    """Forgets every remembered forward call pattern."""
+
+def remembered_forward_count() -> int: ...
+
 class PackedConv:
     """A forward plan fixed for one set of shapes, with its weights packed once."""
 
@@ -161,8 +187,9 @@ class PackedConv:
         self, shim: Shim, spec: ConvSpec, x: Any, w: Any, y: Any, bias: Any | None, stream: int | None
     ) -> None: ...
     def run(
-        self, x: Any, y: Any, bias: Any | None, stream: int | None, workspace_alloc: Callable[[int], Any] | None
-    ) -> None: ...
+        self, x: Any, y: Any | None, bias: Any | None, stream: int | None, workspace_alloc: Callable[[int], Any] | None
+    ) -> Any:
+        """Runs the plan into y and returns y; y None (NumPy x only): into a new array."""
     @property
     def packed(self) -> bool: ...
     @property

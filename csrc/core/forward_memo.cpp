@@ -1,0 +1,209 @@
+#include "forward_memo.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <unordered_map>
+
+#include "client/error.hpp"
+#include "conv_call.hpp"
+#include "errors.hpp"
+#include "numpy_arrays.hpp"
+
+namespace py = pybind11;
+
+namespace fdnn_core {
+
+namespace {
+
+constexpr int kMaxRank = 5;        // N, C and up to 3 spatial dims
+constexpr int kMaxGeometry = 48;   // int64 words for stride, padding, dilation and groups
+constexpr size_t kMemoLimit = 4096;  // as the Python memo: forget all beyond it
+
+// One array of the pattern as the Python memo's key sees it: shape, byte strides, dtype.
+struct ArrayKey {
+  int32_t present;
+  int32_t ndim;
+  FDNN_DLDataType dtype;
+  int32_t unused;
+  int64_t shape[kMaxRank];
+  int64_t strides[kMaxRank];
+};
+
+// A pattern; zero-filled before it is written, so that equal patterns are equal bytes.
+struct PatternKey {
+  int64_t nd;
+  int64_t geometry_words;
+  int64_t geometry[kMaxGeometry];  // the four arguments, each as encode() writes it
+  ArrayKey x, w, bias;
+};
+
+bool operator==(const PatternKey& a, const PatternKey& b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+struct PatternHash {
+  size_t operator()(const PatternKey& k) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the key's 64-bit words
+    const auto* words = reinterpret_cast<const uint64_t*>(&k);
+    for (size_t i = 0; i < sizeof k / 8; ++i) h = (h ^ words[i]) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+static_assert(sizeof(PatternKey) % 8 == 0, "PatternKey is hashed as 64-bit words");
+
+struct Remembered {
+  py::object shim_object, spec_object;  // keep shim and spec alive
+  const Shim* shim;
+  const ConvSpec* spec;
+  int32_t out_ndim, out_itemsize;
+  int64_t out_shape[kMaxRank];
+  int64_t out_strides[kMaxRank];  // in elements
+};
+
+std::unordered_map<PatternKey, Remembered, PatternHash>& memo() {
+  static auto* patterns = new std::unordered_map<PatternKey, Remembered, PatternHash>();
+  return *patterns;  // outlives the interpreter's teardown, as the objects it holds
+}
+
+// Writes an int, or a tuple of ints or of such tuples, as words: an int as (-1, value), a
+// tuple as (-2 - length, items...). False for anything else (a string, a list, a float, a
+// bool: the Python path decides what those mean) or when the words run out.
+bool encode(PyObject* value, PatternKey& key, int depth = 0) {
+  auto push = [&](int64_t word) {
+    if (key.geometry_words == kMaxGeometry) return false;
+    key.geometry[key.geometry_words++] = word;
+    return true;
+  };
+  if (PyLong_CheckExact(value)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    return push(-1) && push(v);
+  }
+  if (!PyTuple_CheckExact(value) || depth > 1) return false;
+  const Py_ssize_t n = PyTuple_GET_SIZE(value);
+  if (!push(-2 - n)) return false;
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (!encode(PyTuple_GET_ITEM(value, i), key, depth + 1)) return false;
+  return true;
+}
+
+bool describe(PyObject* array, ArrayKey& key, bool optional) {
+  if (optional && array == Py_None) return true;  // present stays 0
+  NumpyView view;
+  if (!is_numpy_array(array) || !read_numpy(array, view) || view.ndim > kMaxRank) return false;
+  key.present = 1;
+  key.ndim = view.ndim;
+  key.dtype = view.dtype;
+  for (int i = 0; i < view.ndim; ++i) {
+    key.shape[i] = view.shape[i];
+    key.strides[i] = view.strides[i];
+  }
+  return true;
+}
+
+// The pattern of (nd, x, w, bias, stride, padding, dilation, groups); false when this memo
+// cannot hold it.
+bool pattern_of(PyObject* const* args, PatternKey& key) {
+  std::memset(&key, 0, sizeof key);
+  if (!PyLong_CheckExact(args[0])) return false;
+  key.nd = PyLong_AsLong(args[0]);
+  if (!describe(args[1], key.x, false) || !describe(args[2], key.w, false) ||
+      !describe(args[3], key.bias, true))
+    return false;
+  for (int i = 4; i < 8; ++i)
+    if (!encode(args[i], key)) return false;
+  return true;
+}
+
+template <class T>
+const T& held(py::handle object, const char* argname, const char* type_name) {
+  if (!py::isinstance<T>(object))
+    throw py::type_error(std::string(argname) + ": expected a flux_dnn._core." + type_name);
+  return object.cast<const T&>();
+}
+
+PyObject* remembered_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_Format(PyExc_TypeError, "remembered_forward() takes 8 arguments (%zd given)", nargs);
+    return nullptr;
+  }
+  PatternKey key;
+  if (!pattern_of(args, key)) Py_RETURN_NONE;
+  auto found = memo().find(key);
+  if (found == memo().end()) Py_RETURN_NONE;
+  const Remembered& r = found->second;
+  PyObject* y = numpy_empty(args[1], r.out_itemsize, r.out_ndim, r.out_shape, r.out_strides);
+  if (y == nullptr) return nullptr;
+  try {
+    run_conv(*r.shim, *r.spec, args[1], args[2], y, args[3], py::none(), py::none());
+    return y;
+  } catch (const fdnn_client::Error& e) {
+    Py_DECREF(y);
+    if (e.kind() == fdnn_client::ErrorKind::kUnsupported) {
+      memo().erase(found);  // the shim refused the plan (nothing ran): the Python path asks
+      Py_RETURN_NONE;       // the next shims and remembers the one that takes it
+    }
+    PyErr_SetString(exception_type(e.kind()), e.what());
+  } catch (py::error_already_set& e) {
+    Py_DECREF(y);
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    Py_DECREF(y);
+    e.set_error();
+  } catch (const std::bad_alloc&) {
+    Py_DECREF(y);
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    Py_DECREF(y);
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyMethodDef remembered_forward_def = {
+    "remembered_forward",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&remembered_forward)), METH_FASTCALL,
+    "remembered_forward(nd, x, w, bias, stride, padding, dilation, groups) -> array or None\n\n"
+    "The result of a remembered NumPy call pattern, or None: not remembered."};
+
+bool remember_forward(py::args a) {
+  if (a.size() != 11) throw py::type_error("remember_forward() takes 11 arguments");
+  PyObject* args[8];
+  for (int i = 0; i < 8; ++i) args[i] = a[i].ptr();
+  PatternKey key;
+  if (!pattern_of(args, key)) return false;
+  NumpyView y;
+  if (!is_numpy_array(a[10].ptr()) || !read_numpy(a[10].ptr(), y) || y.ndim > kMaxRank) return false;
+  Remembered r;
+  r.shim_object = py::reinterpret_borrow<py::object>(a[8]);
+  r.spec_object = py::reinterpret_borrow<py::object>(a[9]);
+  r.shim = &held<Shim>(a[8], "shim", "Shim");
+  r.spec = &held<ConvSpec>(a[9], "spec", "ConvSpec");
+  r.out_ndim = y.ndim;
+  r.out_itemsize = y.itemsize;
+  for (int i = 0; i < y.ndim; ++i) {
+    if (y.strides[i] % y.itemsize != 0) return false;
+    r.out_shape[i] = y.shape[i];
+    r.out_strides[i] = y.strides[i] / y.itemsize;
+  }
+  if (memo().size() >= kMemoLimit) memo().clear();
+  memo().insert_or_assign(key, std::move(r));
+  return true;
+}
+
+}  // namespace
+
+void bind_forward_memo(py::module_& m) {
+  PyObject* function = PyCFunction_NewEx(&remembered_forward_def, nullptr, m.attr("__name__").ptr());
+  if (function == nullptr) throw py::error_already_set();
+  m.attr("remembered_forward") = py::reinterpret_steal<py::object>(function);
+  m.def("remember_forward", &remember_forward,
+        "remember_forward(nd, x, w, bias, stride, padding, dilation, groups, shim, spec, y) -> bool\n\n"
+        "Remembers the NumPy call pattern the Python path has just served into y.");
+  m.def("forget_forwards", [] { memo().clear(); }, "Forgets every remembered call pattern.");
+  m.def("remembered_forward_count", [] { return memo().size(); });
+}
+
+}  // namespace fdnn_core
