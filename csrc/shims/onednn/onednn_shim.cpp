@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "convert16.hpp"
+#include "im2col_gemm.hpp"
 #include "shim_common.hpp"
 
 using dnnl::memory;
@@ -129,9 +130,9 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
   if (a.compute_type.bits != 0 &&
       !(a.compute_type.code == FDNN_DTYPE_FLOAT && a.compute_type.bits == 32))
     fail(FDNN_ERROR_UNSUPPORTED, "oneDNN accumulates in float32 only");
-  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 7))
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "algo_id %lld is not a oneDNN shim algorithm (0 to 7)",
-         static_cast<long long>(a.algo_id));
+  if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > fdnn_onednn::kIm2colGemmAlgo))
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "algo_id %lld is not a oneDNN shim algorithm (0 to %lld)",
+         static_cast<long long>(a.algo_id), static_cast<long long>(fdnn_onednn::kIm2colGemmAlgo));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -223,6 +224,9 @@ struct Plan {
   float beta = 0.f;
   int64_t algo_id = 0;
   std::string name;
+  // The small-problem path (im2col + dnnl_sgemm, algo id 8): set instead of `conv` and
+  // `operands`; shared by a plan and its packed copy until packing replaces it.
+  std::shared_ptr<const fdnn_onednn::Im2colGemm> gemm;
 };
 
 // The problem in oneDNN's terms, shared by every layout policy. `dt` is the dtype the
@@ -846,6 +850,10 @@ void narrow(const Operand& o, const float* wide, void* user, float beta) {
 
 void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
   TeamSize team(plan.threads);
+  if (plan.gemm) {
+    fdnn_onednn::run_im2col_gemm(*plan.gemm, pointers, workspace);
+    return;
+  }
   dnnl::stream& s = cpu_stream();
   BoundArgs& b = bound_args(plan);
   if (plan.scratchpad_size > 0) b.scratchpad.set_data_handle(workspace);
@@ -922,10 +930,56 @@ FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
   });
 }
 
+// ------------------------------------------------------------------------------------------
+// The small-problem path (im2col_gemm.hpp)
+
+// Below this many multiply-adds the heuristic computes a float32 forward convolution as
+// im2col + dnnl_sgemm on the calling thread: there a primitive's fixed per-call cost (its
+// execution context, argument maps and descriptor queries: ~2 us) outweighs the arithmetic.
+// Measured (benchmarks/bench_small.py, 2-core AMD EPYC, AVX2, one thread; every problem
+// below kSerialMacs runs on one thread either way): 3x3 NCHW, the path wins at 9216 MACs
+// (1x4x8x8, 4 channels), and at 4 channels up to 147k MACs, but loses from 36864 MACs with 8
+// or more channels (oneDNN's brgconv kernels), so the bound sits between those two.
+constexpr double kSmallProblemMacs = 1 << 14;
+
+Plan im2col_gemm_plan(const FDNN_Conv_Plan_Create_Args& a) {
+  Plan plan;
+  plan.gemm = fdnn_onednn::make_im2col_gemm(a);
+  plan.workspace_size = plan.gemm->workspace_size;
+  plan.alpha = a.alpha;
+  plan.beta = a.beta;
+  plan.algo_id = fdnn_onednn::kIm2colGemmAlgo;
+  plan.name = fdnn_onednn::kIm2colGemmName;
+  return plan;
+}
+
+// Whether the heuristic takes the small-problem path: a problem it computes exactly as the
+// primitive would (float32, forward, an activation it applies), small enough, whose
+// workspace fits the limit.
+bool takes_small_path(const FDNN_Conv_Plan_Create_Args& a) {
+  return a.algo_policy == FDNN_ALGO_HEURISTIC && fdnn_onednn::im2col_gemm_refusal(a) == nullptr &&
+         macs_of(a) < kSmallProblemMacs;
+}
+
+// The given algorithm id 8: the small-problem path at any size, where it can compute it.
+Plan given_im2col_gemm_plan(const FDNN_Conv_Plan_Create_Args& a) {
+  if (const char* why = fdnn_onednn::im2col_gemm_refusal(a))
+    fail(FDNN_ERROR_UNSUPPORTED, "algorithm %lld (%s) cannot compute this problem: %s; %s",
+         static_cast<long long>(fdnn_onednn::kIm2colGemmAlgo), fdnn_onednn::kIm2colGemmName, why,
+         fdnn_shim::describe_problem(a).c_str());
+  return im2col_gemm_plan(a);
+}
+
 // The plan of the policy: the given algorithm, the fastest candidate within workspace_limit,
 // or the heuristic's.
 Plan policy_plan(const FDNN_Conv_Plan_Create_Args& a) {
-  if (a.algo_policy == FDNN_ALGO_GIVEN) return make_plan(a, a.algo_id);
+  if (a.algo_policy == FDNN_ALGO_GIVEN)
+    return a.algo_id == fdnn_onednn::kIm2colGemmAlgo ? given_im2col_gemm_plan(a)
+                                                     : make_plan(a, a.algo_id);
+  if (takes_small_path(a)) {
+    Plan plan = im2col_gemm_plan(a);
+    if (plan.workspace_size <= a.workspace_limit) return plan;
+  }
   if (a.algo_policy == FDNN_ALGO_BENCHMARK) {
     double best = 0;
     Plan plan;
@@ -956,6 +1010,8 @@ Plan policy_plan(const FDNN_Conv_Plan_Create_Args& a) {
 // refused as UNSUPPORTED, naming the least it needs, so that a caller may pass it on.
 Plan plan_within_limit(const FDNN_Conv_Plan_Create_Args& a) {
   Plan plan = policy_plan(a);
+  if (plan.workspace_size <= a.workspace_limit) return plan;
+  if (plan.gemm) plan = heuristic_or_converted(a);  // a given 8 beyond the limit
   if (plan.workspace_size <= a.workspace_limit) return plan;
   try {
     Plan lean = lean_plan(a, plan.algo_id / kConverted * kConverted);
@@ -1045,6 +1101,10 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
     fdnn_shim::check_aligned(args->w, source.element_size, "Conv_Plan_Pack_Weights", "w");
     auto packed = std::make_unique<Plan>(source);
     packed->id = next_plan_id();
+    if (source.gemm) {  // the small-problem path: a dense K x R copy its sgemm reads
+      packed->gemm = fdnn_onednn::pack_im2col_gemm(*source.gemm, args->w);
+      packed->workspace_size = packed->gemm->workspace_size;
+    }
     for (Operand& o : packed->operands) {
       if (o.arg != DNNL_ARG_WEIGHTS) continue;
       const size_t bytes = align64(o.prim_md.get_size());

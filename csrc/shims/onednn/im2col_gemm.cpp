@@ -1,0 +1,430 @@
+// The small-problem path of the oneDNN shim: im2col + dnnl_sgemm (see im2col_gemm.hpp).
+#include "im2col_gemm.hpp"
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "shim_common.hpp"
+
+namespace fdnn_onednn {
+namespace {
+
+using fdnn_shim::fail;
+
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+// ceil(a / b) for b > 0 and any sign of a.
+int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+// The stride of one flat index over `count` dims (outer to inner) that addresses them all as
+// one run, e.g. H and W of a dense NCHW image as one pixel index; `ok` false when the dims do
+// not form one run (gaps, or a broadcast stride 0 across elements). One element: stride 1.
+struct FlatStride {
+  bool ok = false;
+  int64_t step = 1;
+};
+
+FlatStride flat_stride(const int64_t* size, const int64_t* stride, int count) {
+  FlatStride f;
+  f.ok = true;
+  bool first = true;
+  int64_t extent = 1;
+  for (int i = count - 1; i >= 0; --i) {
+    if (size[i] == 1) continue;
+    if (first) {
+      f.step = stride[i];
+      first = false;
+    } else if (stride[i] != f.step * extent) {
+      f.ok = false;
+    }
+    extent *= size[i];
+  }
+  if (!first && f.step == 0) f.ok = false;
+  return f;
+}
+
+// The leading dimension of a row-major `rows` x `cols` matrix whose rows lie `row_stride`
+// apart, or 0 when sgemm cannot take it (rows that overlap). One row: any row stride.
+int64_t leading_dim(int64_t rows, int64_t cols, int64_t row_stride) {
+  if (rows <= 1) return std::max<int64_t>(cols, 1);
+  return row_stride >= std::max<int64_t>(cols, 1) ? row_stride : 0;
+}
+
+// x, w, y as 3 spatial dims: rank r fills the last r entries.
+void place_spatial(const FDNN_Conv_Plan_Create_Args& a, Im2colGemm& g) {
+  const int first = 3 - a.spatial_rank;
+  for (int i = 0; i < a.spatial_rank; ++i) {
+    const int d = first + i;
+    g.in[d] = a.x->shape[2 + i];
+    g.kernel[d] = a.w->shape[2 + i];
+    g.out[d] = a.y->shape[2 + i];
+    g.stride[d] = a.stride[i];
+    g.dilation[d] = a.dilation[i];
+    g.pad_lo[d] = a.padding_lo[i];
+    g.x_s[d] = a.x->strides[2 + i];
+    g.w_s[d] = a.w->strides[2 + i];
+    g.y_s[d] = a.y->strides[2 + i];
+  }
+}
+
+bool is_pointwise(const FDNN_Conv_Plan_Create_Args& a) {
+  for (int i = 0; i < a.spatial_rank; ++i)
+    if (a.w->shape[2 + i] != 1 || a.stride[i] != 1 || a.padding_lo[i] != 0 || a.padding_hi[i] != 0)
+      return false;
+  return true;
+}
+
+// A 1x1, stride-1, unpadded x whose layout already is the C/g x P matrix of each (image,
+// group): NC[D]HW read as it is, channels-last read transposed. Else im2col.
+void choose_x_operand(const FDNN_Conv_Plan_Create_Args& a, Im2colGemm& g) {
+  g.im2col = true;
+  if (!is_pointwise(a)) return;
+  const FlatStride pixel = flat_stride(g.in, g.x_s, 3);
+  if (!pixel.ok) return;
+  const bool pixel_unit = g.pixels == 1 || pixel.step == 1;
+  const bool channel_unit = g.group_in == 1 || g.x_c == 1;
+  if (pixel_unit && (g.x_ld = leading_dim(g.group_in, g.pixels, g.x_c)) > 0) {
+    g.x_trans = 'N';
+    g.im2col = false;
+  } else if (channel_unit && (g.x_ld = leading_dim(g.pixels, g.group_in, pixel.step)) > 0) {
+    g.x_trans = 'T';
+    g.im2col = false;
+  }
+}
+
+// The weights (K, C/g, *kernel) are the K x R matrix when (C/g, *kernel) is one unit-stride
+// run (dense plain weights); else each call copies them into the workspace.
+void choose_w_operand(Im2colGemm& g) {
+  const int64_t size[4] = {g.group_in, g.kernel[0], g.kernel[1], g.kernel[2]};
+  const int64_t stride[4] = {g.w_c, g.w_s[0], g.w_s[1], g.w_s[2]};
+  const FlatStride r = flat_stride(size, stride, 4);
+  const int64_t k = g.groups * g.group_out;
+  g.w_ld = leading_dim(k, g.rows, g.w_k);
+  g.w_matrix = r.ok && (g.rows == 1 || r.step == 1) && g.w_ld > 0;
+}
+
+// Where the product of one (image, group) goes (OutputMode).
+void choose_output(Im2colGemm& g) {
+  g.mode = OutputMode::kStaged;
+  if (g.activation != FDNN_ACTIVATION_NONE && g.beta != 0.f) return;  // needs y and the product
+  const FlatStride pixel = flat_stride(g.out, g.y_s, 3);
+  if (!pixel.ok) return;
+  if ((g.pixels == 1 || pixel.step == 1) &&
+      (g.y_ld = leading_dim(g.group_out, g.pixels, g.y_k)) > 0) {
+    g.mode = OutputMode::kRowsK;
+  } else if ((g.group_out == 1 || g.y_k == 1) &&
+             (g.y_ld = leading_dim(g.pixels, g.group_out, pixel.step)) > 0) {
+    g.mode = OutputMode::kRowsP;
+  }
+}
+
+void place_workspace(Im2colGemm& g) {
+  size_t offset = 0;
+  const size_t floats = sizeof(float);
+  g.col_offset = offset;
+  if (g.im2col) offset += align64(static_cast<size_t>(g.rows * g.pixels) * floats);
+  g.w_offset = offset;
+  if (!g.w_matrix && !g.packed_w)
+    offset += align64(static_cast<size_t>(g.groups * g.group_out * g.rows) * floats);
+  g.stage_offset = offset;
+  if (g.mode == OutputMode::kStaged)
+    offset += align64(static_cast<size_t>(g.group_out * g.pixels) * floats);
+  g.workspace_size = offset;
+}
+
+// ------------------------------------------------------------------------------------------
+// Execution
+
+// Copies a strided run of n floats (step in elements). Runs are short here (an output row
+// of a small problem), so a plain loop: a memcpy call per row costs more than the copy
+// (this file is built with GCC's loop-to-memcpy/memset rewriting off, see CMakeLists.txt).
+void copy_run(const float* __restrict from, int64_t step, float* __restrict to, int64_t n) {
+  if (step == 1) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)  // four at a time: one vector move, no tail loop per row
+      for (int j = 0; j < 4; ++j) to[i + j] = from[i + j];
+    for (; i < n; ++i) to[i] = from[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) to[i] = from[i * step];
+}
+
+// One row of the im2col matrix along output dim 2: zeros, `from` read every `step`
+// elements for outputs [lo, hi), zeros.
+inline void fill_row(float* __restrict row, int64_t run, int64_t lo, int64_t hi,
+                     const float* __restrict from, int64_t step) {
+  for (int64_t o = 0; o < lo; ++o) row[o] = 0.f;
+  copy_run(from, step, row + lo, hi - lo);
+  for (int64_t o = hi; o < run; ++o) row[o] = 0.f;
+}
+
+// One kernel tap's rows of the im2col matrix (out0 x out1 x out2) when x's rows are dense
+// and as long as y's, with stride 1 along dims 1 and 2 (a 'same'-padded stride-1
+// convolution): the rows that lie inside x along dim 1 are one contiguous run of x, copied
+// at once; then each row's padding columns, which that copy filled from the neighbouring
+// rows, are set to 0. `from` is x at (channel, row 0, column lo + shift2).
+void im2col_tap_same_rows(const Im2colGemm& g, const float* from, int64_t lo, int64_t hi,
+                          int64_t shift0, int64_t shift1, float* __restrict rows) {
+  const int64_t run = g.out[2], out1 = g.out[1];
+  // Rows along dim 1 whose input lies inside x: [a, b).
+  const int64_t a = std::clamp<int64_t>(-shift1, 0, out1);
+  const int64_t b = std::clamp<int64_t>(g.in[1] - shift1, a, out1);
+  for (int64_t o0 = 0; o0 < g.out[0]; ++o0, rows += out1 * run) {
+    const int64_t i0 = o0 * g.stride[0] + shift0;
+    if (i0 < 0 || i0 >= g.in[0] || a == b || lo == hi) {
+      for (int64_t i = 0; i < out1 * run; ++i) rows[i] = 0.f;
+      continue;
+    }
+    for (int64_t i = 0; i < a * run; ++i) rows[i] = 0.f;
+    // From row a, column lo to row b-1, column hi-1: inside x at both ends.
+    const float* __restrict src = from + i0 * g.x_s[0] + (a + shift1) * g.x_s[1];
+    float* __restrict dst = rows + a * run + lo;
+    const int64_t n = (b - a - 1) * run + (hi - lo);
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+    for (int64_t o1 = a; o1 < b; ++o1) {
+      float* row = rows + o1 * run;
+      for (int64_t o = 0; o < lo; ++o) row[o] = 0.f;
+      for (int64_t o = hi; o < run; ++o) row[o] = 0.f;
+    }
+    for (int64_t i = b * run; i < out1 * run; ++i) rows[i] = 0.f;
+  }
+}
+
+// The R x P matrix of one (image, group): row (c, k0, k1, k2), column (o0, o1, o2), holding
+// x at the input position that kernel tap sees from that output position, 0 in the padding.
+// The geometry is read into locals first: stores through `col` could alias the plan's
+// fields, which the compiler would then reload in every row.
+void im2col(const Im2colGemm& g, const float* x, float* col) {
+  const int64_t in0 = g.in[0], in1 = g.in[1], in2 = g.in[2];
+  const int64_t out0 = g.out[0], out1 = g.out[1], run = g.out[2];
+  const int64_t s0 = g.stride[0], s1 = g.stride[1], s2 = g.stride[2];
+  const int64_t xs0 = g.x_s[0], xs1 = g.x_s[1], xs2 = g.x_s[2], xc = g.x_c;
+  const int64_t step = s2 * xs2;
+  float* row = col;
+  for (int64_t c = 0; c < g.group_in; ++c)
+    for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
+      for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
+        for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
+          const int64_t shift0 = k0 * g.dilation[0] - g.pad_lo[0];
+          const int64_t shift1 = k1 * g.dilation[1] - g.pad_lo[1];
+          const int64_t shift2 = k2 * g.dilation[2] - g.pad_lo[2];
+          // The outputs whose input along dim 2 lies inside x: [lo, hi).
+          const int64_t lo = std::clamp<int64_t>(ceil_div(-shift2, s2), 0, run);
+          const int64_t hi = std::clamp<int64_t>(ceil_div(in2 - shift2, s2), lo, run);
+          const float* plane = x + c * xc + (lo * s2 + shift2) * xs2;
+          if (g.same_rows) {
+            im2col_tap_same_rows(g, plane, lo, hi, shift0, shift1, row);
+            row += out0 * out1 * run;
+            continue;
+          }
+          for (int64_t o0 = 0; o0 < out0; ++o0) {
+            const int64_t i0 = o0 * s0 + shift0;
+            const bool inside0 = i0 >= 0 && i0 < in0 && lo < hi;
+            for (int64_t o1 = 0; o1 < out1; ++o1, row += run) {
+              const int64_t i1 = o1 * s1 + shift1;
+              if (inside0 && i1 >= 0 && i1 < in1)
+                fill_row(row, run, lo, hi, plane + i0 * xs0 + i1 * xs1, step);
+              else
+                fill_row(row, run, 0, 0, plane, step);
+            }
+          }
+        }
+}
+
+// The K x R weights, dense, from the caller's strides.
+void copy_weights(const Im2colGemm& g, const float* w, float* dense) {
+  for (int64_t k = 0; k < g.groups * g.group_out; ++k)
+    for (int64_t c = 0; c < g.group_in; ++c)
+      for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
+        for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
+          for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2)
+            *dense++ = w[k * g.w_k + c * g.w_c + k0 * g.w_s[0] + k1 * g.w_s[1] + k2 * g.w_s[2]];
+}
+
+// The activation as oneDNN's eltwise post-op computes it (relu with a negative slope: s > 0 ?
+// s : s * alpha; clip: max with the lower bound first), so this path matches the primitive.
+float activate(const Im2colGemm& g, float v) {
+  switch (g.activation) {
+    case FDNN_ACTIVATION_RELU: return v > 0.f ? v : v * 0.f;
+    case FDNN_ACTIVATION_LEAKY_RELU: return v > 0.f ? v : v * g.activation_alpha;
+    case FDNN_ACTIVATION_CLIP:
+      v = v > g.activation_alpha ? v : g.activation_alpha;
+      return v > g.activation_beta ? g.activation_beta : v;
+    default: return v;
+  }
+}
+
+// Calls f(k, y element) for every output of one (image, group) in (k, o0, o1, o2) order.
+template <class F>
+void for_each_output(const Im2colGemm& g, float* y, F&& f) {
+  for (int64_t k = 0; k < g.group_out; ++k)
+    for (int64_t o0 = 0; o0 < g.out[0]; ++o0)
+      for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
+        float* run = y + k * g.y_k + o0 * g.y_s[0] + o1 * g.y_s[1];
+        for (int64_t o2 = 0; o2 < g.out[2]; ++o2) f(k, run[o2 * g.y_s[2]]);
+      }
+}
+
+struct Matrix {
+  const float* data;
+  char trans;  // 'N': stored as written, 'T': stored transposed
+  int64_t ld;
+};
+
+void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, Matrix a, Matrix b,
+           float beta, float* c, int64_t ldc) {
+  const dnnl_status_t s =
+      dnnl_sgemm(ta, tb, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta, c, ldc);
+  if (s != dnnl_success)
+    fail(FDNN_ERROR_VENDOR, "oneDNN dnnl_sgemm failed with status %d (M=%lld N=%lld K=%lld)",
+         static_cast<int>(s), static_cast<long long>(m), static_cast<long long>(n),
+         static_cast<long long>(k));
+}
+
+// C = alpha * W * X + beta * C for one (image, group), written as the output mode says:
+// W (K/g x R) and X (R x P) give Y (K/g x P), or Y^T = X^T W^T for a channels-last y.
+void product(const Im2colGemm& g, Matrix w, Matrix x, float alpha, float beta, float* c,
+             bool transposed, int64_t ldc) {
+  if (!transposed) {
+    sgemm('N', x.trans, g.group_out, g.pixels, g.rows, alpha, w, x, beta, c, ldc);
+  } else {
+    const Matrix xt{x.data, x.trans == 'N' ? 'T' : 'N', x.ld};
+    sgemm(xt.trans, 'T', g.pixels, g.group_out, g.rows, alpha, xt, w, beta, c, ldc);
+  }
+}
+
+// One (image, group) with the product written straight into y, and the epilogue around it:
+// beta == 0: y = alpha * conv, then y = act(y + alpha * bias) (y is never read before it is
+// written, so whatever it held cannot leak); beta != 0 (no activation then): y = beta * y +
+// alpha * bias first, then y += alpha * conv.
+void run_direct(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, float* y) {
+  const bool transposed = g.mode == OutputMode::kRowsP;
+  auto bias_of = [&](int64_t k) { return bias != nullptr ? bias[k * g.bias_stride] : 0.f; };
+  if (g.beta == 0.f) {
+    product(g, w, x, g.alpha, 0.f, y, transposed, g.y_ld);
+    if (bias != nullptr || g.activation != FDNN_ACTIVATION_NONE)
+      for_each_output(g, y, [&](int64_t k, float& v) { v = activate(g, v + g.alpha * bias_of(k)); });
+    return;
+  }
+  if (bias != nullptr)
+    for_each_output(g, y, [&](int64_t k, float& v) { v = g.beta * v + g.alpha * bias_of(k); });
+  product(g, w, x, g.alpha, bias != nullptr ? 1.f : g.beta, y, transposed, g.y_ld);
+}
+
+// One (image, group) through the workspace: the product, then y = act(alpha * (product +
+// bias)) + beta * y through y's strides (beta == 0: y is not read).
+void run_staged(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, float* y,
+                float* stage) {
+  product(g, w, x, 1.f, 0.f, stage, false, g.pixels);
+  const float* from = stage;
+  for_each_output(g, y, [&](int64_t k, float& v) {
+    const float conv = *from++ + (bias != nullptr ? bias[k * g.bias_stride] : 0.f);
+    const float out = activate(g, g.alpha * conv);
+    v = g.beta == 0.f ? out : out + g.beta * v;
+  });
+}
+
+}  // namespace
+
+const char* im2col_gemm_refusal(const FDNN_Conv_Plan_Create_Args& a) {
+  if (a.op != FDNN_CONV_FORWARD) return "it computes forward convolutions only";
+  if (!(a.x->dtype.code == FDNN_DTYPE_FLOAT && a.x->dtype.bits == 32 && a.x->dtype.lanes == 1))
+    return "it computes float32 only";
+  switch (a.activation) {
+    case FDNN_ACTIVATION_NONE:
+    case FDNN_ACTIVATION_RELU:
+    case FDNN_ACTIVATION_LEAKY_RELU:
+    case FDNN_ACTIVATION_CLIP: return nullptr;
+    default: return "it applies no activation but relu, leaky_relu and clip";
+  }
+}
+
+std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_Args& a) {
+  auto g = std::make_shared<Im2colGemm>();
+  g->images = a.x->shape[0];
+  g->groups = a.groups;
+  g->group_in = a.x->shape[1] / a.groups;
+  g->group_out = a.w->shape[0] / a.groups;
+  place_spatial(a, *g);
+  g->x_n = a.x->strides[0];
+  g->x_c = a.x->strides[1];
+  g->w_k = a.w->strides[0];
+  g->w_c = a.w->strides[1];
+  g->y_n = a.y->strides[0];
+  g->y_k = a.y->strides[1];
+  g->has_bias = fdnn_shim::has_tensor(a.bias);
+  g->bias_stride = g->has_bias ? a.bias->strides[0] : 0;
+  g->rows = g->group_in * g->kernel[0] * g->kernel[1] * g->kernel[2];
+  g->pixels = g->out[0] * g->out[1] * g->out[2];
+  g->alpha = a.alpha;
+  g->beta = a.beta;
+  g->activation = a.activation;
+  g->activation_alpha = a.activation_alpha;
+  g->activation_beta = a.activation_beta;
+  g->same_rows = g->stride[1] == 1 && g->stride[2] == 1 && g->x_s[2] == 1 &&
+                 g->x_s[1] == g->in[2] && g->out[2] == g->in[2];
+  choose_x_operand(a, *g);
+  choose_w_operand(*g);
+  choose_output(*g);
+  place_workspace(*g);
+  return g;
+}
+
+std::shared_ptr<const Im2colGemm> pack_im2col_gemm(const Im2colGemm& g, const void* w) {
+  auto packed = std::make_shared<Im2colGemm>(g);
+  const size_t bytes = align64(static_cast<size_t>(g.groups * g.group_out * g.rows) * sizeof(float));
+  auto* dense = static_cast<float*>(std::aligned_alloc(64, bytes));
+  if (dense == nullptr) throw std::bad_alloc();
+  packed->packed_w = std::shared_ptr<float>(dense, std::free);
+  copy_weights(g, static_cast<const float*>(w), dense);
+  packed->w_matrix = false;
+  packed->w_ld = g.rows;
+  place_workspace(*packed);
+  return packed;
+}
+
+void run_im2col_gemm(const Im2colGemm& g, void* const pointers[4], char* workspace) {
+  const auto* x = static_cast<const float*>(pointers[0]);
+  const auto* w = static_cast<const float*>(pointers[1]);
+  auto* y = static_cast<float*>(pointers[2]);
+  const auto* bias = static_cast<const float*>(pointers[3]);
+  if (x == nullptr || y == nullptr || (w == nullptr && !g.packed_w) ||
+      (g.has_bias && bias == nullptr))
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs is NULL");
+  // The weights as the K x R matrix: packed, the caller's own, or copied into the workspace.
+  const float* weights = g.packed_w.get();
+  int64_t w_ld = g.rows, w_group = g.group_out * g.rows;
+  if (weights == nullptr && g.w_matrix) {
+    weights = w;
+    w_ld = g.w_ld;
+    w_group = g.group_out * g.w_k;
+  } else if (weights == nullptr) {
+    auto* dense = reinterpret_cast<float*>(workspace + g.w_offset);
+    copy_weights(g, w, dense);
+    weights = dense;
+  }
+  auto* col = reinterpret_cast<float*>(workspace + g.col_offset);
+  auto* stage = reinterpret_cast<float*>(workspace + g.stage_offset);
+  for (int64_t n = 0; n < g.images; ++n)
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      const float* x_ng = x + n * g.x_n + grp * g.group_in * g.x_c;
+      float* y_ng = y + n * g.y_n + grp * g.group_out * g.y_k;
+      const float* bias_g = g.has_bias ? bias + grp * g.group_out * g.bias_stride : nullptr;
+      const Matrix w_g{weights + grp * w_group, 'N', w_ld};
+      Matrix x_g{x_ng, g.x_trans, g.x_ld};
+      if (g.im2col) {
+        im2col(g, x_ng, col);
+        x_g = Matrix{col, 'N', g.pixels};
+      }
+      if (g.mode == OutputMode::kStaged)
+        run_staged(g, w_g, x_g, bias_g, y_ng, stage);
+      else
+        run_direct(g, w_g, x_g, bias_g, y_ng);
+    }
+}
+
+}  // namespace fdnn_onednn

@@ -1,0 +1,86 @@
+// The oneDNN shim's small-problem path: a float32 forward convolution as im2col plus
+// oneDNN's public row-major sgemm (dnnl_sgemm), one product per (image, group), without a
+// convolution primitive. For tiny problems a primitive's per-call machinery (execution
+// context, argument maps, its driver's descriptor queries) costs more than the arithmetic;
+// this path has none of it. See README.md ("The small-problem path") for when it is chosen.
+//
+// Like a primitive plan, it holds no mutable state: the im2col matrix (and, where needed, a
+// copy of the weights or the product before the epilogue) lives in the caller's workspace, so
+// one plan runs on several threads at once and a call allocates nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "flux_dnn/flux_dnn.h"
+
+namespace fdnn_onednn {
+
+// The algorithm id of this path (the primitive's layout policies are 0 to 7).
+constexpr int64_t kIm2colGemmAlgo = 8;
+constexpr const char* kIm2colGemmName = "onednn sgemm (im2col)";
+
+// Why this path cannot compute the problem ("float16 is computed by the primitive ..."), or
+// nullptr when it can: float32 FORWARD with activation NONE, RELU, LEAKY_RELU or CLIP (the
+// ones it applies exactly as oneDNN's eltwise post-ops do). The problem has passed the
+// shim's checks (check_problem).
+const char* im2col_gemm_refusal(const FDNN_Conv_Plan_Create_Args& a);
+
+// How y is written by the product of one (image, group).
+enum class OutputMode {
+  kRowsK,   // y[k][p] is a row-major matrix (NCHW-like): sgemm writes Y = W * X
+  kRowsP,   // y[p][k] is one (channels-last): sgemm writes Y^T = X^T * W^T
+  kStaged,  // neither (odd strides), or an activation with beta != 0: the product goes to
+            // the workspace and the epilogue writes y through its strides
+};
+
+// A plan of this path: the problem as 3 spatial dims (rank 1 and 2 padded in front with
+// size-1 dims), strides in elements, and where each buffer lies in the workspace.
+struct Im2colGemm {
+  int64_t images = 1, groups = 1, group_in = 1, group_out = 1;  // N, g, C/g, K/g
+  int64_t in[3] = {1, 1, 1}, kernel[3] = {1, 1, 1}, out[3] = {1, 1, 1};
+  int64_t stride[3] = {1, 1, 1}, dilation[3] = {1, 1, 1}, pad_lo[3] = {0, 0, 0};
+  int64_t x_n = 0, x_c = 0, x_s[3] = {0, 0, 0};
+  int64_t w_k = 0, w_c = 0, w_s[3] = {0, 0, 0};
+  int64_t y_n = 0, y_k = 0, y_s[3] = {0, 0, 0};
+  bool has_bias = false;
+  int64_t bias_stride = 0;
+  int64_t rows = 1;    // R = C/g * prod(kernel): the reduction, im2col's rows
+  int64_t pixels = 1;  // P = prod(out): im2col's columns
+
+  // x read as the R x P matrix directly (1x1, stride 1, unpadded), not through im2col:
+  // transposed ('T') when it is stored pixel-major (channels-last).
+  bool im2col = true;
+  // x's rows are dense and as long as y's, stride 1 along dims 1 and 2: im2col copies each
+  // kernel tap's rows in one run (im2col_tap_same_rows).
+  bool same_rows = false;
+  char x_trans = 'N';
+  int64_t x_ld = 0;
+  // The weights as the K x R row-major matrix with leading dimension w_ld, else copied.
+  bool w_matrix = false;
+  int64_t w_ld = 0;
+  std::shared_ptr<float> packed_w;  // Conv_Plan_Pack_Weights: dense K x R, used instead of w
+  OutputMode mode = OutputMode::kStaged;
+  int64_t y_ld = 0;
+
+  float alpha = 1.f, beta = 0.f;
+  int32_t activation = FDNN_ACTIVATION_NONE;
+  float activation_alpha = 0.f, activation_beta = 0.f;
+
+  size_t col_offset = 0, w_offset = 0, stage_offset = 0;  // bytes into the workspace
+  size_t workspace_size = 0;
+};
+
+// The plan of this path for a problem im2col_gemm_refusal accepts.
+std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_Args& a);
+
+// A copy of `g` that reads its own dense copy of the weights `w` (laid out as at plan time).
+std::shared_ptr<const Im2colGemm> pack_im2col_gemm(const Im2colGemm& g, const void* w);
+
+// Computes the convolution: pointers are x, w, y, bias (the caller's, as described at plan
+// time; w unused when packed, bias unused without one); workspace holds workspace_size bytes.
+// Throws fdnn_shim::Failure (VENDOR) if dnnl_sgemm refuses.
+void run_im2col_gemm(const Im2colGemm& g, void* const pointers[4], char* workspace);
+
+}  // namespace fdnn_onednn
