@@ -5,7 +5,10 @@ Every argument is checked here, before any vendor call, and a bad one raises Val
 TypeError naming the argument, its value and the rule. A validated call pattern (shapes,
 dtypes, devices, layout, geometry, options) is remembered, so a repeated call costs one dict
 lookup, an output allocation and one call into the core, whose plan cache holds the vendor
-plan. The keyword options of a call arrive as one ConvOptions (see _options).
+plan. NumPy forward patterns without keyword options are also handed to the core's own memo
+(_core.remember_forward), which answers the next such call with no Python frame of ours
+(_api tries it first); this memo stays the one that validates, and forgets the core's with
+its own. The keyword options of a call arrive as one ConvOptions (see _options).
 """
 
 from __future__ import annotations
