@@ -595,6 +595,8 @@ def _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilatio
 # ------------------------------------------------------------------------------------------
 # Reusable plans with packed weights
 
+_run_packed = _core.run_packed  # PackedConv.run without pybind11's dispatcher
+
 
 class ConvPlan:
     """A forward convolution fixed for one input shape, dtype, layout and device, with its
@@ -652,7 +654,7 @@ class ConvPlan:
             )
         if out is None:
             if self._core_allocates:
-                return self._run(x, None, self._bias, None, None)
+                return _run_packed(self._packed, x, None, self._bias, None, None)
             out = self._empty(x, self._out_shape, self._channels_last)
         elif type(out) is not self._type:  # the core compares it with the plan
             return self._call_exported(x, out)
