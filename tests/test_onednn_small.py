@@ -334,3 +334,24 @@ def test_one_plan_on_several_threads_at_once(rng, layout):
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (0.5, 0.0), (0.5, 0.25)])
+def test_the_result_does_not_depend_on_the_output_layout(rng, alpha, beta):
+    """NCHW y (sgemm writes it), channels-last y and an odd view (through the workspace): the
+    same float32 bits, as out= and a fresh output must agree."""
+    x, w, bias = draw(rng, (2, 4, 6, 6)), draw(rng, (4, 4, 3, 3)), draw(rng, (4,))
+    prior = draw(rng, (2, 4, 6, 6))
+    results = []
+    for layout in ("nchw", "channels_last", "view"):
+        if layout == "view":
+            y = np.empty((2, 4, 6, 12), np.float32)[..., ::2]
+        else:
+            y = poisoned(prior.shape, layout)
+        y[...] = prior
+        flux_dnn.conv2d(x, w, bias, padding=1, alpha=alpha, beta=beta, activation="relu" if beta == 0 else None, out=y)
+        results.append(np.array(y))
+    assert_matches(results[0], reference(x, w, bias, padding=1, alpha=alpha, beta=beta, y0=prior,
+                                         activation="relu" if beta == 0 else None), 36)
+    np.testing.assert_array_equal(results[1], results[0])
+    np.testing.assert_array_equal(results[2], results[0])
