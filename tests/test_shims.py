@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import flux_dnn
-from flux_dnn import _core
+from flux_dnn import _conv, _core
 from flux_dnn._discovery import REGISTRY, Registry
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -152,9 +152,14 @@ def broken_plugin(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-flux-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[flux_dnn.shims]\nbrokenrocm = broken_flux_plugin:shim_spec\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    # the MIOpen test double (set process-wide by the conformance suite where flux-dnn-rocm is
+    # installed) would make ROCm arrays servable: this test wants no usable ROCm shim
+    monkeypatch.delenv("FLUX_DNN_MIOPEN_LIBRARY", raising=False)
     REGISTRY.reset()
+    _conv._memo.clear()  # a remembered pattern holds the shim it was dispatched to
     yield
     REGISTRY.reset()
+    _conv._memo.clear()
 
 
 def test_failed_shim_is_listed_with_reason(broken_plugin):
@@ -535,7 +540,7 @@ COUNTER_SETUP = r"""
 import ctypes, sys
 import numpy as np
 import flux_dnn
-from flux_dnn import _core
+from flux_dnn import _conv, _core
 
 def count_in(library):
     counter = ctypes.CDLL(sys.argv[1])

@@ -136,14 +136,19 @@ PyObject* remembered_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs)
   const Remembered& r = found->second;
   PyObject* y = numpy_empty(args[1], r.out_itemsize, r.out_ndim, r.out_shape, r.out_strides);
   if (y == nullptr) return nullptr;
+  // Another thread may forget the entry while this one runs without the GIL: hold the shim
+  // and spec here, and do not touch the entry (or its iterator) after the run.
+  const py::object shim_object = r.shim_object, spec_object = r.spec_object;
+  const Shim& shim = *r.shim;
+  const ConvSpec& spec = *r.spec;
   try {
-    run_conv(*r.shim, *r.spec, args[1], args[2], y, args[3], py::none(), py::none());
+    run_conv(shim, spec, args[1], args[2], y, args[3], py::none(), py::none());
     return y;
   } catch (const fdnn_client::Error& e) {
     Py_DECREF(y);
     if (e.kind() == fdnn_client::ErrorKind::kUnsupported) {
-      memo().erase(found);  // the shim refused the plan (nothing ran): the Python path asks
-      Py_RETURN_NONE;       // the next shims and remembers the one that takes it
+      memo().erase(key);  // the shim refused the plan (nothing ran): the Python path asks
+      Py_RETURN_NONE;     // the next shims and remembers the one that takes it
     }
     PyErr_SetString(exception_type(e.kind()), e.what());
   } catch (py::error_already_set& e) {

@@ -5,7 +5,10 @@ Every argument is checked here, before any vendor call, and a bad one raises Val
 TypeError naming the argument, its value and the rule. A validated call pattern (shapes,
 dtypes, devices, layout, geometry, options) is remembered, so a repeated call costs one dict
 lookup, an output allocation and one call into the core, whose plan cache holds the vendor
-plan. The keyword options of a call arrive as one ConvOptions (see _options).
+plan. NumPy forward patterns without keyword options are also handed to the core's own memo
+(_core.remember_forward), which answers the next such call with no Python frame of ours
+(_api tries it first); this memo stays the one that validates, and forgets the core's with
+its own. The keyword options of a call arrive as one ConvOptions (see _options).
 """
 
 from __future__ import annotations
@@ -592,6 +595,8 @@ def _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilatio
 # ------------------------------------------------------------------------------------------
 # Reusable plans with packed weights
 
+_run_packed = _core.run_packed  # PackedConv.run without pybind11's dispatcher
+
 
 class ConvPlan:
     """A forward convolution fixed for one input shape, dtype, layout and device, with its
@@ -649,7 +654,7 @@ class ConvPlan:
             )
         if out is None:
             if self._core_allocates:
-                return self._run(x, None, self._bias, None, None)
+                return _run_packed(self._packed, x, None, self._bias, None, None)
             out = self._empty(x, self._out_shape, self._channels_last)
         elif type(out) is not self._type:  # the core compares it with the plan
             return self._call_exported(x, out)

@@ -4,6 +4,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -107,33 +108,45 @@ void choose_w_operand(Im2colGemm& g) {
   g.w_matrix = r.ok && (g.rows == 1 || r.step == 1) && g.w_ld > 0;
 }
 
-// Where the product of one (image, group) goes (OutputMode).
+// Where the product of one (image, group) goes (OutputMode). Every mode computes the same
+// float32 values in the same order (the product W X, then act(alpha * (product + bias)) +
+// beta * y), so a result does not depend on y's layout: out= and a fresh output agree bit
+// for bit.
 void choose_output(Im2colGemm& g) {
   g.mode = OutputMode::kStaged;
-  if (g.activation != FDNN_ACTIVATION_NONE && g.beta != 0.f) return;  // needs y and the product
+  if (g.beta != 0.f) return;  // the epilogue reads y and the product
   const FlatStride pixel = flat_stride(g.out, g.y_s, 3);
   if (!pixel.ok) return;
   if ((g.pixels == 1 || pixel.step == 1) &&
-      (g.y_ld = leading_dim(g.group_out, g.pixels, g.y_k)) > 0) {
+      (g.y_ld = leading_dim(g.group_out, g.pixels, g.y_k)) > 0)
     g.mode = OutputMode::kRowsK;
-  } else if ((g.group_out == 1 || g.y_k == 1) &&
-             (g.y_ld = leading_dim(g.pixels, g.group_out, pixel.step)) > 0) {
-    g.mode = OutputMode::kRowsP;
-  }
+}
+
+// Bytes of a rows x cols float matrix, 64-byte aligned; UNSUPPORTED beyond int64 (a given
+// algorithm 8 on a problem whose im2col matrix no memory holds).
+size_t matrix_bytes(int64_t rows, int64_t cols) {
+  int64_t elements = 0, bytes = 0;
+  if (fdnn_shim::checked_mul(rows, cols, &elements) ||
+      fdnn_shim::checked_mul(elements, static_cast<int64_t>(sizeof(float)), &bytes) ||
+      bytes > INT64_MAX - 64)
+    fail(FDNN_ERROR_UNSUPPORTED, "the im2col + sgemm path needs a %lld x %lld float32 matrix, "
+         "beyond any workspace", static_cast<long long>(rows), static_cast<long long>(cols));
+  return align64(static_cast<size_t>(bytes));
 }
 
 void place_workspace(Im2colGemm& g) {
-  size_t offset = 0;
-  const size_t floats = sizeof(float);
-  g.col_offset = offset;
-  if (g.im2col) offset += align64(static_cast<size_t>(g.rows * g.pixels) * floats);
-  g.w_offset = offset;
-  if (!g.w_matrix && !g.packed_w)
-    offset += align64(static_cast<size_t>(g.groups * g.group_out * g.rows) * floats);
-  g.stage_offset = offset;
-  if (g.mode == OutputMode::kStaged)
-    offset += align64(static_cast<size_t>(g.group_out * g.pixels) * floats);
-  g.workspace_size = offset;
+  int64_t offset = 0;
+  auto add = [&](size_t bytes) {
+    if (fdnn_shim::checked_add(offset, static_cast<int64_t>(bytes), &offset))
+      fail(FDNN_ERROR_UNSUPPORTED, "the im2col + sgemm path needs more workspace than int64 counts");
+  };
+  g.col_offset = static_cast<size_t>(offset);
+  if (g.im2col) add(matrix_bytes(g.rows, g.pixels));
+  g.w_offset = static_cast<size_t>(offset);
+  if (!g.w_matrix && !g.packed_w) add(matrix_bytes(g.groups * g.group_out, g.rows));
+  g.stage_offset = static_cast<size_t>(offset);
+  if (g.mode == OutputMode::kStaged) add(matrix_bytes(g.group_out, g.pixels));
+  g.workspace_size = static_cast<size_t>(offset);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -285,41 +298,29 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, Matri
          static_cast<long long>(k));
 }
 
-// C = alpha * W * X + beta * C for one (image, group), written as the output mode says:
-// W (K/g x R) and X (R x P) give Y (K/g x P), or Y^T = X^T W^T for a channels-last y.
-void product(const Im2colGemm& g, Matrix w, Matrix x, float alpha, float beta, float* c,
-             bool transposed, int64_t ldc) {
-  if (!transposed) {
-    sgemm('N', x.trans, g.group_out, g.pixels, g.rows, alpha, w, x, beta, c, ldc);
-  } else {
-    const Matrix xt{x.data, x.trans == 'N' ? 'T' : 'N', x.ld};
-    sgemm(xt.trans, 'T', g.pixels, g.group_out, g.rows, alpha, xt, w, beta, c, ldc);
-  }
+// The product W X of one (image, group): W (K/g x R) times X (R x P) into the row-major
+// K/g x P matrix c.
+void product(const Im2colGemm& g, Matrix w, Matrix x, float* c, int64_t ldc) {
+  sgemm('N', x.trans, g.group_out, g.pixels, g.rows, 1.f, w, x, 0.f, c, ldc);
 }
 
-// One (image, group) with the product written straight into y, and the epilogue around it:
-// beta == 0: y = alpha * conv, then y = act(y + alpha * bias) (y is never read before it is
-// written, so whatever it held cannot leak); beta != 0 (no activation then): y = beta * y +
-// alpha * bias first, then y += alpha * conv.
+// One (image, group) with the product written straight into y (beta == 0: y is written
+// before it is read, so whatever it held cannot leak), then act(alpha * (y + bias)) in place
+// where that changes anything.
 void run_direct(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, float* y) {
-  const bool transposed = g.mode == OutputMode::kRowsP;
-  auto bias_of = [&](int64_t k) { return bias != nullptr ? bias[k * g.bias_stride] : 0.f; };
-  if (g.beta == 0.f) {
-    product(g, w, x, g.alpha, 0.f, y, transposed, g.y_ld);
-    if (bias != nullptr || g.activation != FDNN_ACTIVATION_NONE)
-      for_each_output(g, y, [&](int64_t k, float& v) { v = activate(g, v + g.alpha * bias_of(k)); });
-    return;
-  }
-  if (bias != nullptr)
-    for_each_output(g, y, [&](int64_t k, float& v) { v = g.beta * v + g.alpha * bias_of(k); });
-  product(g, w, x, g.alpha, bias != nullptr ? 1.f : g.beta, y, transposed, g.y_ld);
+  product(g, w, x, y, g.y_ld);
+  if (bias == nullptr && g.alpha == 1.f && g.activation == FDNN_ACTIVATION_NONE) return;
+  for_each_output(g, y, [&](int64_t k, float& v) {
+    const float conv = v + (bias != nullptr ? bias[k * g.bias_stride] : 0.f);
+    v = activate(g, g.alpha * conv);
+  });
 }
 
 // One (image, group) through the workspace: the product, then y = act(alpha * (product +
 // bias)) + beta * y through y's strides (beta == 0: y is not read).
 void run_staged(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, float* y,
                 float* stage) {
-  product(g, w, x, 1.f, 0.f, stage, false, g.pixels);
+  product(g, w, x, stage, g.pixels);
   const float* from = stage;
   for_each_output(g, y, [&](int64_t k, float& v) {
     const float conv = *from++ + (bias != nullptr ? bias[k * g.bias_stride] : 0.f);
@@ -376,7 +377,7 @@ std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_A
 
 std::shared_ptr<const Im2colGemm> pack_im2col_gemm(const Im2colGemm& g, const void* w) {
   auto packed = std::make_shared<Im2colGemm>(g);
-  const size_t bytes = align64(static_cast<size_t>(g.groups * g.group_out * g.rows) * sizeof(float));
+  const size_t bytes = matrix_bytes(g.groups * g.group_out, g.rows);
   auto* dense = static_cast<float*>(std::aligned_alloc(64, bytes));
   if (dense == nullptr) throw std::bad_alloc();
   packed->packed_w = std::shared_ptr<float>(dense, std::free);

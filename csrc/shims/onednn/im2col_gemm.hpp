@@ -29,10 +29,10 @@ const char* im2col_gemm_refusal(const FDNN_Conv_Plan_Create_Args& a);
 
 // How y is written by the product of one (image, group).
 enum class OutputMode {
-  kRowsK,   // y[k][p] is a row-major matrix (NCHW-like): sgemm writes Y = W * X
-  kRowsP,   // y[p][k] is one (channels-last): sgemm writes Y^T = X^T * W^T
-  kStaged,  // neither (odd strides), or an activation with beta != 0: the product goes to
-            // the workspace and the epilogue writes y through its strides
+  kRowsK,   // y[k][p] is a row-major matrix (NCHW-like) and beta == 0: sgemm writes y, the
+            // epilogue (bias, alpha, activation) runs in place
+  kStaged,  // any other y (channels-last, odd strides) or beta != 0: the product goes to the
+            // workspace and the epilogue writes y through its strides
 };
 
 // A plan of this path: the problem as 3 spatial dims (rank 1 and 2 padded in front with
