@@ -93,36 +93,12 @@ PyMethodDef run_conv_def = {
     "Run spec on DLPack arrays; the written array must exist. Once its plan is cached, a call "
     "allocates nothing in C++."};
 
-PyObject* run_packed_vectorcall(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const char* const names[] = {"packed", "x", "y", "bias", "stream", "workspace_alloc"};
-  PyObject* a[6];
-  if (!parse_arguments("run_packed", names, 6, args, nargs, kwnames, a)) return nullptr;
-  PyObject* result = nullptr;
-  PyObject* failed = guarded([&] {
-    result = unwrap<PackedConv>(a[0], "packed", "PackedConv").run(a[1], a[2], a[3], a[4], a[5]).release().ptr();
-  });
-  if (failed == nullptr) return nullptr;
-  Py_DECREF(failed);  // None
-  return result;
-}
-
-PyMethodDef run_packed_def = {
-    "run_packed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&run_packed_vectorcall)),
-    METH_FASTCALL | METH_KEYWORDS,
-    "run_packed(packed, x, y, bias, stream, workspace_alloc) -> y\n\n"
-    "PackedConv.run without pybind11's dispatcher: the per-call path of a ConvPlan."};
-
-void add_function(py::module_& m, PyMethodDef* def) {
-  PyObject* function = PyCFunction_NewEx(def, nullptr, m.attr("__name__").ptr());
-  if (function == nullptr) throw py::error_already_set();
-  m.attr(def->ml_name) = py::reinterpret_steal<py::object>(function);
-}
-
 }  // namespace
 
 void add_fast_run_conv(py::module_& m) {
-  add_function(m, &run_conv_def);
-  add_function(m, &run_packed_def);
+  PyObject* function = PyCFunction_NewEx(&run_conv_def, nullptr, m.attr("__name__").ptr());
+  if (function == nullptr) throw py::error_already_set();
+  m.attr("run_conv") = py::reinterpret_steal<py::object>(function);
 }
 
 }  // namespace fdnn_core

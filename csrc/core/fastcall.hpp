@@ -7,8 +7,7 @@
 
 namespace fdnn_core {
 
-// Adds run_conv(shim, spec, x, w, y, bias, stream, workspace_alloc) -> None and
-// run_packed(packed, x, y, bias, stream, workspace_alloc) -> y (PackedConv.run) to the module:
+// Adds run_conv(shim, spec, x, w, y, bias, stream, workspace_alloc) -> None to the module:
 // arguments by position or keyword, errors as the pybind11 bindings raise them.
 void add_fast_run_conv(pybind11::module_& m);
 

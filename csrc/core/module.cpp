@@ -17,6 +17,7 @@
 #include "errors.hpp"
 #include "fastcall.hpp"
 #include "forward_memo.hpp"
+#include "plan_call.hpp"
 #include "flux_dnn/flux_dnn.h"
 // Generated from the header, so after it: add_abi_constants(module).
 #include "abi_constants.inc"
@@ -223,7 +224,8 @@ void bind_conv(py::module_& m) {
       .def_property_readonly("flags", [](const ConvSpec& s) { return s.params.flags; });
 
   add_fast_run_conv(m);
-  bind_forward_memo(m);  // NumPy call patterns answered in the core  // vectorcall: pybind11's dispatcher would allocate per call
+  bind_forward_memo(m);  // NumPy call patterns answered in the core
+  add_plan_call_type(m);  // ConvPlan's base: NumPy plan calls without a Python frame  // vectorcall: pybind11's dispatcher would allocate per call
   m.def("plan_info", &plan_info, py::arg("shim"), py::arg("spec"), py::arg("x"), py::arg("w"),
         py::arg("y"), py::arg("bias"), py::arg("stream") = py::none(),
         "The plan run_conv would run (made and cached, not executed): {'workspace_size', "

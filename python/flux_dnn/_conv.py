@@ -595,15 +595,15 @@ def _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilatio
 # ------------------------------------------------------------------------------------------
 # Reusable plans with packed weights
 
-_run_packed = _core.run_packed  # PackedConv.run without pybind11's dispatcher
-
-
-class ConvPlan:
+class ConvPlan(_core.PlanCall):
     """A forward convolution fixed for one input shape, dtype, layout and device, with its
     weights packed once into the layout the vendor computes in (when the shim can pack, which
     the oneDNN shim does). Calling it skips argument checking, the plan cache and the weight
     reorder; an input of another shape, dtype, layout or device raises ValueError or TypeError.
-    Later changes to the weights are not seen: make a new plan. Made by ``flux_dnn.conv_plan``."""
+    Later changes to the weights are not seen: make a new plan. Made by ``flux_dnn.conv_plan``.
+
+    ``plan(x)`` with NumPy arrays runs in the core with no Python frame (_core.PlanCall's call
+    slot); every other call goes to ``_call``."""
 
     def __init__(self, nd, x, w, bias, stride, padding, dilation, groups, options: ConvOptions):
         xo, wo = _operand(x, "x"), _operand(w, "w")
@@ -617,8 +617,8 @@ class ConvPlan:
         self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
         self._bias = bias  # exported on every call: a capsule is consumed once
         self._gpu, self._direct = prepared.gpu, prepared.direct
-        # NumPy arrays: the core makes the output itself (no numpy.empty call per call)
-        self._core_allocates = prepared.direct and xo.adapter.name == "numpy"
+        if prepared.direct and xo.adapter.name == "numpy":  # the core makes the output itself
+            self._bind_fast(self._packed, bias, type(x))
         self.input_shape, self.output_shape, self.dtype = xo.shape, prepared.out_shape, xo.dtype
 
     @staticmethod
@@ -646,15 +646,14 @@ class ConvPlan:
     def weights_packed(self) -> bool:
         return self._packed.packed
 
-    def __call__(self, x, *, out=None):
+    def _call(self, x, *, out=None):
+        """plan(x) or plan(x, out=out), for what the core's call slot does not take itself."""
         if type(x) is not self._type:
             raise TypeError(
                 f"x: this plan was made for {self._type.__module__}.{self._type.__qualname__} arrays, "
                 f"got {type(x).__module__}.{type(x).__qualname__}"
             )
         if out is None:
-            if self._core_allocates:
-                return _run_packed(self._packed, x, None, self._bias, None, None)
             out = self._empty(x, self._out_shape, self._channels_last)
         elif type(out) is not self._type:  # the core compares it with the plan
             return self._call_exported(x, out)

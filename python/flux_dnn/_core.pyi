@@ -154,11 +154,6 @@ def plan_info(
     """The plan run_conv would run (made and cached, not executed): {"workspace_size",
     "algo_id", "algo_name"}."""
 
-def run_packed(
-    packed: PackedConv, x: Any, y: Any | None, bias: Any | None, stream: int | None, workspace_alloc: Any
-) -> Any:
-    """packed.run(x, y, bias, stream, workspace_alloc) through vectorcall."""
-
 def remembered_forward(nd: int, x: Any, w: Any, bias: Any | None, stride: Any, padding: Any, dilation: Any, groups: Any) -> Any:
     """The result of a NumPy forward call pattern the core remembers (a new array), or None
     when it does not remember it (the caller takes the Python path)."""
@@ -184,6 +179,13 @@ def forget_forwards() -> None:
     """Forgets every remembered forward call pattern."""
 
 def remembered_forward_count() -> int: ...
+
+class PlanCall:
+    """Base of flux_dnn.ConvPlan: a call with one array of the bound type runs the bound
+    PackedConv in C++; any other call goes to the subclass's ``_call``."""
+
+    def __call__(self, x: Any, *, out: Any = None) -> Any: ...
+    def _bind_fast(self, packed: PackedConv, bias: Any | None, array_type: type) -> None: ...
 
 class PackedConv:
     """A forward plan fixed for one set of shapes, with its weights packed once."""
