@@ -197,12 +197,12 @@ void im2col_tap_same_rows(const Im2colGemm& g, const float* from, int64_t lo, in
     const float* __restrict src = from + i0 * g.x_s[0] + (a + shift1) * g.x_s[1];
     float* __restrict dst = rows + a * run + lo;
     const int64_t n = (b - a - 1) * run + (hi - lo);
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
-    for (int64_t o1 = a; o1 < b; ++o1) {
-      float* row = rows + o1 * run;
-      for (int64_t o = 0; o < lo; ++o) row[o] = 0.f;
-      for (int64_t o = hi; o < run; ++o) row[o] = 0.f;
-    }
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    // The padding columns, a few per row: column by column, one store per row.
+    for (int64_t o = 0; o < lo; ++o)
+      for (int64_t o1 = a; o1 < b; ++o1) rows[o1 * run + o] = 0.f;
+    for (int64_t o = hi; o < run; ++o)
+      for (int64_t o1 = a; o1 < b; ++o1) rows[o1 * run + o] = 0.f;
     for (int64_t i = b * run; i < out1 * run; ++i) rows[i] = 0.f;
   }
 }
