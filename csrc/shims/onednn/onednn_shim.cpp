@@ -5,7 +5,8 @@
 // primitive computes in, when those differ. Everything a call needs beyond the caller's
 // arrays -- oneDNN's scratchpad (user scratchpad mode) and the staging buffers of the
 // reorders -- lives in the caller's workspace, so a plan holds no mutable state, runs on
-// several threads at once, and no call allocates.
+// several threads at once, and no call allocates. A small float32 forward problem is
+// computed without a primitive, as im2col + dnnl_sgemm (im2col_gemm.hpp), on the same terms.
 #include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
