@@ -97,6 +97,26 @@ void choose_x_operand(const FDNN_Conv_Plan_Create_Args& a, Im2colGemm& g) {
   }
 }
 
+// Whether im2col reads a zero-padded copy of x (Im2colGemm::padded_source): along each dim the
+// taps read input positions [-pad_lo, (out - 1) * stride + (kernel - 1) * dilation - pad_lo],
+// `span` of them. Only where that copy is at most twice the matrix, so that a stride far
+// above the kernel extent does not make the workspace grow with the gaps it skips.
+void choose_padded_source(Im2colGemm& g) {
+  double copy = g.group_in, matrix = static_cast<double>(g.rows) * static_cast<double>(g.pixels);
+  for (int d = 0; d < 3; ++d) {
+    g.span[d] = (g.out[d] - 1) * g.stride[d] + (g.kernel[d] - 1) * g.dilation[d] + 1;
+    copy *= static_cast<double>(g.span[d]);
+  }
+  g.padded_source = g.im2col && copy <= 2 * matrix;
+  g.source_pitch = g.span[0] * g.span[1] * g.span[2];
+  g.wide = g.padded_source && g.out[0] == 1 && g.stride[1] == 1 && g.stride[2] == 1;
+  if (g.wide) {
+    g.wide_pixels = g.out[1] * g.span[2];
+    // The last tap's run reads (kernel[2] - 1) * dilation[2] floats past the channel's block.
+    g.source_pitch += (g.kernel[2] - 1) * g.dilation[2];
+  }
+}
+
 // The weights (K, C/g, *kernel) are the K x R matrix when (C/g, *kernel) is one unit-stride
 // run (dense plain weights); else each call copies them into the workspace.
 void choose_w_operand(Im2colGemm& g) {
@@ -140,12 +160,15 @@ void place_workspace(Im2colGemm& g) {
     if (fdnn_shim::checked_add(offset, static_cast<int64_t>(bytes), &offset))
       fail(FDNN_ERROR_UNSUPPORTED, "the im2col + sgemm path needs more workspace than int64 counts");
   };
+  const int64_t columns = g.wide ? g.wide_pixels : g.pixels;
   g.col_offset = static_cast<size_t>(offset);
-  if (g.im2col) add(matrix_bytes(g.rows, g.pixels));
+  if (g.im2col) add(matrix_bytes(g.rows, columns));
   g.w_offset = static_cast<size_t>(offset);
   if (!g.w_matrix && !g.packed_w) add(matrix_bytes(g.groups * g.group_out, g.rows));
   g.stage_offset = static_cast<size_t>(offset);
-  if (g.mode == OutputMode::kStaged) add(matrix_bytes(g.group_out, g.pixels));
+  if (g.mode == OutputMode::kStaged || g.wide) add(matrix_bytes(g.group_out, columns));
+  g.source_offset = static_cast<size_t>(offset);
+  if (g.im2col && g.padded_source) add(matrix_bytes(g.group_in, g.source_pitch));
   g.workspace_size = static_cast<size_t>(offset);
 }
 
@@ -248,6 +271,63 @@ void im2col(const Im2colGemm& g, const float* x, float* col) {
         }
 }
 
+// x of one (image, group) as the zero-padded dense block im2col_padded reads: per channel
+// span[0] x span[1] x span[2], x at offset pad_lo, zeros around it (and where the taps read
+// no x at all, nothing of x is copied).
+void pad_source(const Im2colGemm& g, const float* x, float* source) {
+  const int64_t p0 = g.span[0], p1 = g.span[1], p2 = g.span[2];
+  std::memset(source, 0, static_cast<size_t>(g.group_in * g.source_pitch) * sizeof(float));
+  // The part of x the taps read: rows [0, n) along each dim, placed at pad_lo.
+  const int64_t n0 = std::min(g.in[0], p0 - g.pad_lo[0]), n1 = std::min(g.in[1], p1 - g.pad_lo[1]);
+  const int64_t n2 = std::min(g.in[2], p2 - g.pad_lo[2]);
+  if (n0 <= 0 || n1 <= 0 || n2 <= 0) return;
+  const int64_t xs0 = g.x_s[0], xs1 = g.x_s[1], xs2 = g.x_s[2];
+  for (int64_t c = 0; c < g.group_in; ++c)
+    for (int64_t i0 = 0; i0 < n0; ++i0)
+      for (int64_t i1 = 0; i1 < n1; ++i1)
+        copy_run(x + c * g.x_c + i0 * xs0 + i1 * xs1, xs2,
+                 source + c * g.source_pitch + ((i0 + g.pad_lo[0]) * p1 + i1 + g.pad_lo[1]) * p2 + g.pad_lo[2],
+                 n2);
+}
+
+// The R x P matrix of one (image, group) from its zero-padded block: every row a plain copy
+// (stride along dim 2 read every stride[2] elements), no bounds to test.
+void im2col_padded(const Im2colGemm& g, const float* source, float* __restrict col) {
+  const int64_t p1 = g.span[1], p2 = g.span[2];
+  const int64_t out0 = g.out[0], out1 = g.out[1], run = g.out[2];
+  const int64_t step0 = g.stride[0] * p1 * p2, step1 = g.stride[1] * p2, step2 = g.stride[2];
+  for (int64_t c = 0; c < g.group_in; ++c)
+    for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
+      for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
+        for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
+          const float* tap = source + c * g.source_pitch + (k0 * g.dilation[0] * p1 + k1 * g.dilation[1]) * p2 +
+                             k2 * g.dilation[2];
+          for (int64_t o0 = 0; o0 < out0; ++o0) {
+            const float* __restrict from = tap + o0 * step0;
+            if (step2 == 1) {
+              for (int64_t o1 = 0; o1 < out1; ++o1, col += run, from += step1)
+                for (int64_t i = 0; i < run; ++i) col[i] = from[i];
+            } else {
+              for (int64_t o1 = 0; o1 < out1; ++o1, col += run, from += step1)
+                for (int64_t i = 0; i < run; ++i) col[i] = from[i * step2];
+            }
+          }
+        }
+}
+
+// Wide mode's R x (out[1] * span[2]) matrix: each row one run of the padded copy, the tap's
+// block read from its first output on.
+void im2col_wide(const Im2colGemm& g, const float* source, float* col) {
+  const int64_t p1 = g.span[1], p2 = g.span[2], run = g.wide_pixels;
+  for (int64_t c = 0; c < g.group_in; ++c)
+    for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
+      for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
+        for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2, col += run)
+          std::memcpy(col, source + c * g.source_pitch + (k0 * g.dilation[0] * p1 + k1 * g.dilation[1]) * p2 +
+                               k2 * g.dilation[2],
+                      static_cast<size_t>(run) * sizeof(float));
+}
+
 // The K x R weights, dense, from the caller's strides.
 void copy_weights(const Im2colGemm& g, const float* w, float* dense) {
   for (int64_t k = 0; k < g.groups * g.group_out; ++k)
@@ -316,6 +396,37 @@ void run_direct(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, floa
   });
 }
 
+// The header's y = act(alpha * (product + bias)) + beta * y for one element (beta == 0: y
+// is not read).
+inline float finish(const Im2colGemm& g, float product, float bias, float prior) {
+  const float out = activate(g, g.alpha * (product + bias));
+  return g.beta == 0.f ? out : out + g.beta * prior;
+}
+
+// One (image, group) in wide mode: the product over span[2] columns per output row into the
+// workspace, then each row's first out[2] columns through the epilogue into y.
+void run_wide(const Im2colGemm& g, Matrix w, const float* col, const float* bias, float* y, float* stage) {
+  sgemm('N', 'N', g.group_out, g.wide_pixels, g.rows, 1.f, w, Matrix{col, 'N', g.wide_pixels}, 0.f, stage,
+        g.wide_pixels);
+  const int64_t p2 = g.span[2], ys1 = g.y_s[1], ys2 = g.y_s[2], run = g.out[2];
+  // No activation, beta 0 and unit-stride rows (the common case): a plain loop the compiler
+  // vectorises; the same float operations as finish(), so every layout gets the same bits.
+  const bool plain = g.activation == FDNN_ACTIVATION_NONE && g.beta == 0.f && ys2 == 1;
+  const float alpha = g.alpha;
+  for (int64_t k = 0; k < g.group_out; ++k) {
+    const float b = bias != nullptr ? bias[k * g.bias_stride] : 0.f;
+    for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
+      const float* __restrict from = stage + k * g.wide_pixels + o1 * p2;
+      float* __restrict to = y + k * g.y_k + o1 * ys1;
+      if (plain) {
+        for (int64_t o2 = 0; o2 < run; ++o2) to[o2] = alpha * (from[o2] + b);
+      } else {
+        for (int64_t o2 = 0; o2 < run; ++o2) to[o2 * ys2] = finish(g, from[o2], b, to[o2 * ys2]);
+      }
+    }
+  }
+}
+
 // One (image, group) through the workspace: the product, then y = act(alpha * (product +
 // bias)) + beta * y through y's strides (beta == 0: y is not read).
 void run_staged(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, float* y,
@@ -369,6 +480,7 @@ std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_A
   g->same_rows = g->stride[1] == 1 && g->stride[2] == 1 && g->x_s[2] == 1 &&
                  g->x_s[1] == g->in[2] && g->out[2] == g->in[2];
   choose_x_operand(a, *g);
+  choose_padded_source(*g);
   choose_w_operand(*g);
   choose_output(*g);
   place_workspace(*g);
@@ -410,6 +522,7 @@ void run_im2col_gemm(const Im2colGemm& g, void* const pointers[4], char* workspa
   }
   auto* col = reinterpret_cast<float*>(workspace + g.col_offset);
   auto* stage = reinterpret_cast<float*>(workspace + g.stage_offset);
+  auto* source = reinterpret_cast<float*>(workspace + g.source_offset);
   for (int64_t n = 0; n < g.images; ++n)
     for (int64_t grp = 0; grp < g.groups; ++grp) {
       const float* x_ng = x + n * g.x_n + grp * g.group_in * g.x_c;
@@ -417,7 +530,17 @@ void run_im2col_gemm(const Im2colGemm& g, void* const pointers[4], char* workspa
       const float* bias_g = g.has_bias ? bias + grp * g.group_out * g.bias_stride : nullptr;
       const Matrix w_g{weights + grp * w_group, 'N', w_ld};
       Matrix x_g{x_ng, g.x_trans, g.x_ld};
-      if (g.im2col) {
+      if (g.wide) {
+        pad_source(g, x_ng, source);
+        im2col_wide(g, source, col);
+        run_wide(g, w_g, col, bias_g, y_ng, stage);
+        continue;
+      }
+      if (g.im2col && g.padded_source) {
+        pad_source(g, x_ng, source);
+        im2col_padded(g, source, col);
+        x_g = Matrix{col, 'N', g.pixels};
+      } else if (g.im2col) {
         im2col(g, x_ng, col);
         x_g = Matrix{col, 'N', g.pixels};
       }

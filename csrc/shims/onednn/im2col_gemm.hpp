@@ -55,6 +55,18 @@ struct Im2colGemm {
   // x's rows are dense and as long as y's, stride 1 along dims 1 and 2: im2col copies each
   // kernel tap's rows in one run (im2col_tap_same_rows).
   bool same_rows = false;
+  // im2col reads a zero-padded dense copy of x (padded_source), so that every row of the
+  // matrix is a plain copy with no bounds: dims `span` (what the taps read along each dim)
+  // per channel. Taken unless that copy would be much larger than the matrix (strides far
+  // above the kernel extent).
+  bool padded_source = false;
+  int64_t span[3] = {1, 1, 1};
+  int64_t source_pitch = 0;  // floats per channel of the padded copy
+  // Stride 1 along dims 1 and 2 and one output plane along dim 0 (1-D and 2-D problems): the
+  // product runs over span[2] columns per output row, not out[2] (the extra ones are
+  // discarded by the epilogue), so that each im2col row is one run of the padded copy.
+  bool wide = false;
+  int64_t wide_pixels = 0;  // out[1] * span[2]: the product's columns in wide mode
   char x_trans = 'N';
   int64_t x_ld = 0;
   // The weights as the K x R row-major matrix with leading dimension w_ld, else copied.
@@ -68,7 +80,7 @@ struct Im2colGemm {
   int32_t activation = FDNN_ACTIVATION_NONE;
   float activation_alpha = 0.f, activation_beta = 0.f;
 
-  size_t col_offset = 0, w_offset = 0, stage_offset = 0;  // bytes into the workspace
+  size_t col_offset = 0, w_offset = 0, stage_offset = 0, source_offset = 0;  // workspace bytes
   size_t workspace_size = 0;
 };
 
