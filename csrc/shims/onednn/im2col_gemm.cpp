@@ -198,38 +198,6 @@ inline void fill_row(float* __restrict row, int64_t run, int64_t lo, int64_t hi,
   for (int64_t o = hi; o < run; ++o) row[o] = 0.f;
 }
 
-// One kernel tap's rows of the im2col matrix (out0 x out1 x out2) when x's rows are dense
-// and as long as y's, with stride 1 along dims 1 and 2 (a 'same'-padded stride-1
-// convolution): the rows that lie inside x along dim 1 are one contiguous run of x, copied
-// at once; then each row's padding columns, which that copy filled from the neighbouring
-// rows, are set to 0. `from` is x at (channel, row 0, column lo + shift2).
-void im2col_tap_same_rows(const Im2colGemm& g, const float* from, int64_t lo, int64_t hi,
-                          int64_t shift0, int64_t shift1, float* __restrict rows) {
-  const int64_t run = g.out[2], out1 = g.out[1];
-  // Rows along dim 1 whose input lies inside x: [a, b).
-  const int64_t a = std::clamp<int64_t>(-shift1, 0, out1);
-  const int64_t b = std::clamp<int64_t>(g.in[1] - shift1, a, out1);
-  for (int64_t o0 = 0; o0 < g.out[0]; ++o0, rows += out1 * run) {
-    const int64_t i0 = o0 * g.stride[0] + shift0;
-    if (i0 < 0 || i0 >= g.in[0] || a == b || lo == hi) {
-      for (int64_t i = 0; i < out1 * run; ++i) rows[i] = 0.f;
-      continue;
-    }
-    for (int64_t i = 0; i < a * run; ++i) rows[i] = 0.f;
-    // From row a, column lo to row b-1, column hi-1: inside x at both ends.
-    const float* __restrict src = from + i0 * g.x_s[0] + (a + shift1) * g.x_s[1];
-    float* __restrict dst = rows + a * run + lo;
-    const int64_t n = (b - a - 1) * run + (hi - lo);
-    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-    // The padding columns, a few per row: column by column, one store per row.
-    for (int64_t o = 0; o < lo; ++o)
-      for (int64_t o1 = a; o1 < b; ++o1) rows[o1 * run + o] = 0.f;
-    for (int64_t o = hi; o < run; ++o)
-      for (int64_t o1 = a; o1 < b; ++o1) rows[o1 * run + o] = 0.f;
-    for (int64_t i = b * run; i < out1 * run; ++i) rows[i] = 0.f;
-  }
-}
-
 // The R x P matrix of one (image, group): row (c, k0, k1, k2), column (o0, o1, o2), holding
 // x at the input position that kernel tap sees from that output position, 0 in the padding.
 // The geometry is read into locals first: stores through `col` could alias the plan's
@@ -252,11 +220,6 @@ void im2col(const Im2colGemm& g, const float* x, float* col) {
           const int64_t lo = std::clamp<int64_t>(ceil_div(-shift2, s2), 0, run);
           const int64_t hi = std::clamp<int64_t>(ceil_div(in2 - shift2, s2), lo, run);
           const float* plane = x + c * xc + (lo * s2 + shift2) * xs2;
-          if (g.same_rows) {
-            im2col_tap_same_rows(g, plane, lo, hi, shift0, shift1, row);
-            row += out0 * out1 * run;
-            continue;
-          }
           for (int64_t o0 = 0; o0 < out0; ++o0) {
             const int64_t i0 = o0 * s0 + shift0;
             const bool inside0 = i0 >= 0 && i0 < in0 && lo < hi;
@@ -477,8 +440,6 @@ std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_A
   g->activation = a.activation;
   g->activation_alpha = a.activation_alpha;
   g->activation_beta = a.activation_beta;
-  g->same_rows = g->stride[1] == 1 && g->stride[2] == 1 && g->x_s[2] == 1 &&
-                 g->x_s[1] == g->in[2] && g->out[2] == g->in[2];
   choose_x_operand(a, *g);
   choose_padded_source(*g);
   choose_w_operand(*g);

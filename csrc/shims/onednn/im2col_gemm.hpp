@@ -52,9 +52,6 @@ struct Im2colGemm {
   // x read as the R x P matrix directly (1x1, stride 1, unpadded), not through im2col:
   // transposed ('T') when it is stored pixel-major (channels-last).
   bool im2col = true;
-  // x's rows are dense and as long as y's, stride 1 along dims 1 and 2: im2col copies each
-  // kernel tap's rows in one run (im2col_tap_same_rows).
-  bool same_rows = false;
   // im2col reads a zero-padded dense copy of x (padded_source), so that every row of the
   // matrix is a plain copy with no bounds: dims `span` (what the taps read along each dim)
   // per channel. Taken unless that copy would be much larger than the matrix (strides far
