@@ -21,9 +21,21 @@ import flux_dnn
 
 # (N, C, K, H=W): growing multiply-add counts around the crossover.
 SHAPES = [
-    (1, 4, 4, 8), (1, 8, 8, 8), (1, 4, 4, 16), (1, 16, 16, 8), (1, 8, 8, 16), (1, 16, 16, 12),
-    (1, 4, 4, 32), (1, 16, 16, 16), (2, 16, 16, 16), (1, 32, 32, 16), (1, 16, 16, 32),
-    (1, 64, 64, 8), (1, 32, 32, 32), (1, 64, 64, 16), (1, 64, 64, 32),
+    (1, 4, 4, 8),
+    (1, 8, 8, 8),
+    (1, 4, 4, 16),
+    (1, 16, 16, 8),
+    (1, 8, 8, 16),
+    (1, 16, 16, 12),
+    (1, 4, 4, 32),
+    (1, 16, 16, 16),
+    (2, 16, 16, 16),
+    (1, 32, 32, 16),
+    (1, 16, 16, 32),
+    (1, 64, 64, 8),
+    (1, 32, 32, 32),
+    (1, 64, 64, 16),
+    (1, 64, 64, 32),
 ]
 
 
@@ -55,7 +67,9 @@ def main() -> None:
         primitive = min(best_time(flux_dnn.conv_plan(x, w, padding=1, algorithm=a), x, y) for a in range(4))
         small = best_time(flux_dnn.conv_plan(x, w, padding=1, algorithm=8), x, y)
         chosen = flux_dnn.conv_plan(x, w, padding=1).algorithm
-        print(f"| {n} {c} {k} {hw}x{hw} | {macs} | {primitive:.2f} | {small:.2f} | {small / primitive:.2f} | {chosen} |")
+        print(
+            f"| {n} {c} {k} {hw}x{hw} | {macs} | {primitive:.2f} | {small:.2f} | {small / primitive:.2f} | {chosen} |"
+        )
 
 
 if __name__ == "__main__":

@@ -35,14 +35,17 @@ def rng():
 # -- the float64 reference --------------------------------------------------------------------
 
 
-def reference(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, alpha=1.0, beta=0.0, y0=None,
-              activation=None):
+def reference(
+    x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, alpha=1.0, beta=0.0, y0=None, activation=None
+):
     """y = act(alpha * (conv(x, w) + bias)) + beta * y0 in float64, by kernel taps."""
     x, w = x.astype(np.float64), w.astype(np.float64)
     nd = x.ndim - 2
     stride = (stride,) * nd if np.isscalar(stride) else tuple(stride)
     dilation = (dilation,) * nd if np.isscalar(dilation) else tuple(dilation)
-    pads = [(padding, padding)] * nd if np.isscalar(padding) else [p if isinstance(p, tuple) else (p, p) for p in padding]
+    pads = (
+        [(padding, padding)] * nd if np.isscalar(padding) else [p if isinstance(p, tuple) else (p, p) for p in padding]
+    )
     xp = np.pad(x, [(0, 0), (0, 0), *pads])
     n, c = x.shape[:2]
     k, cg = w.shape[0], w.shape[1]
@@ -51,7 +54,8 @@ def reference(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, alpha=
     y = np.zeros((n, k, *out))
     for tap in np.ndindex(*w.shape[2:]):
         window = tuple(
-            slice(tap[i] * dilation[i], tap[i] * dilation[i] + stride[i] * (out[i] - 1) + 1, stride[i]) for i in range(nd)
+            slice(tap[i] * dilation[i], tap[i] * dilation[i] + stride[i] * (out[i] - 1) + 1, stride[i])
+            for i in range(nd)
         )
         xs = xp[(slice(None), slice(None), *window)]
         for g in range(groups):
@@ -176,7 +180,12 @@ CASES = [
     ("1d stride dilation asym", (1, 3, 20), (4, 3, 3), dict(stride=3, dilation=2, padding=((4, 1),))),
     ("1d 1x1", (3, 8, 9), (5, 8, 1), dict()),
     ("3d", (1, 2, 4, 4, 4), (3, 2, 3, 3, 3), dict(padding=1)),
-    ("3d stride asym groups", (1, 4, 6, 5, 7), (4, 2, 2, 3, 2), dict(stride=(2, 1, 2), padding=((1, 0), (0, 2), (1, 1)), groups=2)),
+    (
+        "3d stride asym groups",
+        (1, 4, 6, 5, 7),
+        (4, 2, 2, 3, 2),
+        dict(stride=(2, 1, 2), padding=((1, 0), (0, 2), (1, 1)), groups=2),
+    ),
     ("3d 1x1", (2, 6, 3, 4, 3), (5, 6, 1, 1, 1), dict()),
 ]
 
@@ -351,7 +360,10 @@ def test_the_result_does_not_depend_on_the_output_layout(rng, alpha, beta):
         y[...] = prior
         flux_dnn.conv2d(x, w, bias, padding=1, alpha=alpha, beta=beta, activation="relu" if beta == 0 else None, out=y)
         results.append(np.array(y))
-    assert_matches(results[0], reference(x, w, bias, padding=1, alpha=alpha, beta=beta, y0=prior,
-                                         activation="relu" if beta == 0 else None), 36)
+    assert_matches(
+        results[0],
+        reference(x, w, bias, padding=1, alpha=alpha, beta=beta, y0=prior, activation="relu" if beta == 0 else None),
+        36,
+    )
     np.testing.assert_array_equal(results[1], results[0])
     np.testing.assert_array_equal(results[2], results[0])

@@ -595,6 +595,7 @@ def _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilatio
 # ------------------------------------------------------------------------------------------
 # Reusable plans with packed weights
 
+
 class ConvPlan(_core.PlanCall):
     """A forward convolution fixed for one input shape, dtype, layout and device, with its
     weights packed once into the layout the vendor computes in (when the shim can pack, which

@@ -154,7 +154,9 @@ def plan_info(
     """The plan run_conv would run (made and cached, not executed): {"workspace_size",
     "algo_id", "algo_name"}."""
 
-def remembered_forward(nd: int, x: Any, w: Any, bias: Any | None, stride: Any, padding: Any, dilation: Any, groups: Any) -> Any:
+def remembered_forward(
+    nd: int, x: Any, w: Any, bias: Any | None, stride: Any, padding: Any, dilation: Any, groups: Any
+) -> Any:
     """The result of a NumPy forward call pattern the core remembers (a new array), or None
     when it does not remember it (the caller takes the Python path)."""
 
