@@ -3,6 +3,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "client/error.hpp"
 
 namespace fdnn_core {
@@ -20,5 +22,19 @@ ExceptionTypes& exception_types();
 // The Python exception of each client error kind: ShimLoadError, ValueError,
 // UnsupportedError, DeviceUnavailableError, MemoryError, VendorError, RuntimeError.
 PyObject* exception_type(fdnn_client::ErrorKind kind);
+
+// In a catch block of a C-API entry point (vectorcall, tp_call): sets the exception being
+// handled as the Python exception pybind11's bindings would raise for it.
+void set_python_error();
+
+// The C++ object a pybind11 instance holds, or a TypeError naming the argument.
+template <class T>
+const T& unwrap(PyObject* object, const char* argname, const char* type_name) {
+  pybind11::handle h(object);
+  if (!pybind11::isinstance<T>(h))
+    throw pybind11::type_error(std::string(argname) + ": expected a flux_dnn._core." + type_name +
+                               ", got " + Py_TYPE(object)->tp_name);
+  return h.cast<const T&>();
+}
 
 }  // namespace fdnn_core

@@ -46,32 +46,14 @@ bool parse_arguments(const char* function, const char* const* names, Py_ssize_t 
   return true;
 }
 
-// The C++ object a pybind11 instance holds, or a TypeError naming the argument.
-template <class T>
-const T& unwrap(PyObject* object, const char* argname, const char* type_name) {
-  py::handle h(object);
-  if (!py::isinstance<T>(h))
-    throw py::type_error(std::string(argname) + ": expected a flux_dnn._core." + type_name +
-                         ", got " + Py_TYPE(object)->tp_name);
-  return h.cast<const T&>();
-}
-
 // Runs body; a C++ exception becomes the Python exception pybind11's bindings would raise.
 template <class Body>
 PyObject* guarded(Body&& body) {
   try {
     body();
     Py_RETURN_NONE;
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (const py::builtin_exception& e) {
-    e.set_error();
-  } catch (const fdnn_client::Error& e) {
-    PyErr_SetString(exception_type(e.kind()), e.what());
-  } catch (const std::bad_alloc&) {
-    PyErr_NoMemory();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    set_python_error();
   }
   return nullptr;
 }

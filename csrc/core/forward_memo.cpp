@@ -117,13 +117,6 @@ bool pattern_of(PyObject* const* args, PatternKey& key) {
   return true;
 }
 
-template <class T>
-const T& held(py::handle object, const char* argname, const char* type_name) {
-  if (!py::isinstance<T>(object))
-    throw py::type_error(std::string(argname) + ": expected a flux_dnn._core." + type_name);
-  return object.cast<const T&>();
-}
-
 PyObject* remembered_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 8) {
     PyErr_Format(PyExc_TypeError, "remembered_forward() takes 8 arguments (%zd given)", nargs);
@@ -134,8 +127,9 @@ PyObject* remembered_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs)
   auto found = memo().find(key);
   if (found == memo().end()) Py_RETURN_NONE;
   const Remembered& r = found->second;
-  PyObject* y = numpy_empty(args[1], r.out_itemsize, r.out_ndim, r.out_shape, r.out_strides);
-  if (y == nullptr) return nullptr;
+  PyObject* made = numpy_empty(args[1], r.out_itemsize, r.out_ndim, r.out_shape, r.out_strides);
+  if (made == nullptr) return nullptr;
+  const auto y = py::reinterpret_steal<py::object>(made);
   // Another thread may forget the entry while this one runs without the GIL: hold the shim
   // and spec here, and do not touch the entry (or its iterator) after the run.
   const py::object shim_object = r.shim_object, spec_object = r.spec_object;
@@ -143,26 +137,16 @@ PyObject* remembered_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs)
   const ConvSpec& spec = *r.spec;
   try {
     run_conv(shim, spec, args[1], args[2], y, args[3], py::none(), py::none());
-    return y;
+    return y.inc_ref().ptr();
   } catch (const fdnn_client::Error& e) {
-    Py_DECREF(y);
-    if (e.kind() == fdnn_client::ErrorKind::kUnsupported) {
-      memo().erase(key);  // the shim refused the plan (nothing ran): the Python path asks
-      Py_RETURN_NONE;     // the next shims and remembers the one that takes it
+    if (e.kind() != fdnn_client::ErrorKind::kUnsupported) {
+      set_python_error();
+      return nullptr;
     }
-    PyErr_SetString(exception_type(e.kind()), e.what());
-  } catch (py::error_already_set& e) {
-    Py_DECREF(y);
-    e.restore();
-  } catch (const py::builtin_exception& e) {
-    Py_DECREF(y);
-    e.set_error();
-  } catch (const std::bad_alloc&) {
-    Py_DECREF(y);
-    PyErr_NoMemory();
-  } catch (const std::exception& e) {
-    Py_DECREF(y);
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    memo().erase(key);  // the shim refused the plan (nothing ran): the Python path asks
+    Py_RETURN_NONE;     // the next shims and remembers the one that takes it
+  } catch (...) {
+    set_python_error();
   }
   return nullptr;
 }
@@ -184,8 +168,8 @@ bool remember_forward(py::args a) {
   Remembered r;
   r.shim_object = py::reinterpret_borrow<py::object>(a[8]);
   r.spec_object = py::reinterpret_borrow<py::object>(a[9]);
-  r.shim = &held<Shim>(a[8], "shim", "Shim");
-  r.spec = &held<ConvSpec>(a[9], "spec", "ConvSpec");
+  r.shim = &unwrap<Shim>(a[8].ptr(), "shim", "Shim");
+  r.spec = &unwrap<ConvSpec>(a[9].ptr(), "spec", "ConvSpec");
   r.out_ndim = y.ndim;
   r.out_itemsize = y.itemsize;
   for (int i = 0; i < y.ndim; ++i) {

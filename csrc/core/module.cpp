@@ -47,6 +47,22 @@ PyObject* exception_type(ErrorKind kind) {
   return PyExc_RuntimeError;
 }
 
+void set_python_error() {
+  try {
+    throw;
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (const fdnn_client::Error& e) {
+    PyErr_SetString(exception_type(e.kind()), e.what());
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
+
 }  // namespace fdnn_core
 
 namespace {

@@ -29,23 +29,6 @@ void plan_call_dealloc(PyObject* self) {
   Py_DECREF(type);  // instances of a heap type hold a reference to it
 }
 
-// Sets the C++ error of a failed run as the Python exception pybind11 would raise.
-void set_python_error() {
-  try {
-    throw;
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (const py::builtin_exception& e) {
-    e.set_error();
-  } catch (const fdnn_client::Error& e) {
-    PyErr_SetString(exception_type(e.kind()), e.what());
-  } catch (const std::bad_alloc&) {
-    PyErr_NoMemory();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-}
-
 PyObject* plan_call_call(PyObject* self, PyObject* args, PyObject* kwargs) {
   auto* p = reinterpret_cast<PlanCallObject*>(self);
   const bool fast = p->run != nullptr && PyTuple_GET_SIZE(args) == 1 &&
@@ -76,9 +59,7 @@ PyObject* plan_call_bind_fast(PyObject* self, PyObject* const* args, Py_ssize_t 
   }
   auto* p = reinterpret_cast<PlanCallObject*>(self);
   try {
-    py::handle packed(args[0]);
-    if (!py::isinstance<PackedConv>(packed)) throw py::type_error("packed: expected a flux_dnn._core.PackedConv");
-    p->run = &packed.cast<const PackedConv&>();
+    p->run = &unwrap<PackedConv>(args[0], "packed", "PackedConv");
   } catch (...) {
     set_python_error();
     return nullptr;

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from . import _conv, _core
 from ._adapters import adapter_for
 from ._geometry import KERNEL, SPATIAL
@@ -35,46 +38,33 @@ _COMMON_DOC = """
 """
 
 
+def _convolution_of_rank(nd: int) -> Callable[..., Any]:
+    """conv{nd}d. A NumPy call pattern seen before, without keyword options, is answered by the
+    core alone (_core.remembered_forward); the rest takes the Python path, which validates."""
+
+    def convolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
+        if not kwargs:
+            y = _remembered_forward(nd, x, w, bias, stride, padding, dilation, groups)
+            if y is not None:
+                return y
+        opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
+        return _conv.forward(nd, x, w, bias, stride, padding, dilation, groups, opts, out)
+
+    convolution.__name__ = convolution.__qualname__ = f"conv{nd}d"
+    convolution.__doc__ = f"{nd}-D convolution.\n" + _COMMON_DOC.format(nd=nd, sp=SPATIAL[nd], k=KERNEL[nd])
+    return convolution
+
+
+conv1d, conv2d, conv3d = (_convolution_of_rank(nd) for nd in (1, 2, 3))
+_BY_RANK = {1: conv1d, 2: conv2d, 3: conv3d}
+
+
 def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
     """N-D convolution; the spatial rank (1, 2 or 3) comes from ``x.ndim - 2``."""
     nd = _rank_of(getattr(x, "shape", None), "x")
-    if not kwargs:
-        y = _remembered_forward(nd, x, w, bias, stride, padding, dilation, groups)
-        if y is not None:
-            return y
-    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
-    return _conv.forward(nd, x, w, bias, stride, padding, dilation, groups, opts, out)
+    return _BY_RANK[nd](x, w, bias, stride, padding, dilation, groups, **kwargs)
 
 
-def conv1d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
-    if not kwargs:  # a NumPy pattern seen before is answered by the core alone
-        y = _remembered_forward(1, x, w, bias, stride, padding, dilation, groups)
-        if y is not None:
-            return y
-    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
-    return _conv.forward(1, x, w, bias, stride, padding, dilation, groups, opts, out)
-
-
-def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
-    if not kwargs:  # a NumPy pattern seen before is answered by the core alone
-        y = _remembered_forward(2, x, w, bias, stride, padding, dilation, groups)
-        if y is not None:
-            return y
-    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
-    return _conv.forward(2, x, w, bias, stride, padding, dilation, groups, opts, out)
-
-
-def conv3d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, **kwargs):
-    if not kwargs:  # a NumPy pattern seen before is answered by the core alone
-        y = _remembered_forward(3, x, w, bias, stride, padding, dilation, groups)
-        if y is not None:
-            return y
-    opts, out = options("conv", kwargs) if kwargs else _NO_KEYWORDS
-    return _conv.forward(3, x, w, bias, stride, padding, dilation, groups, opts, out)
-
-
-for _nd, _f in ((1, conv1d), (2, conv2d), (3, conv3d)):
-    _f.__doc__ = f"{_nd}-D convolution.\n" + _COMMON_DOC.format(nd=_nd, sp=SPATIAL[_nd], k=KERNEL[_nd])
 conv.__doc__ += "\n" + _COMMON_DOC.format(nd="N", sp="*spatial", k="*kernel")
 
 
