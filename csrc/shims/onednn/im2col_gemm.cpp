@@ -9,6 +9,11 @@
 #include <cstring>
 #include <new>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FDNN_ONEDNN_HAS_AVX2_KERNELS 1
+#endif
+
 #include "shim_common.hpp"
 
 namespace fdnn_onednn {
@@ -189,6 +194,116 @@ void copy_run(const float* __restrict from, int64_t step, float* __restrict to, 
   for (int64_t i = 0; i < n; ++i) to[i] = from[i * step];
 }
 
+// ---- Block kernels: the per-call copies and the plain epilogue, per instruction set ------
+//
+// Each moves `rows` runs of n floats, row r reading from + r * from_row and writing
+// to + r * to_row. Nearly all of a small problem's own work (the padded copy, im2col, the
+// epilogue) is such blocks, so they are the only code written per instruction set: the
+// baseline (the shim is built for baseline x86-64, SSE2) and AVX2, taken where oneDNN itself
+// dispatches to AVX2 or better (avx2_kernels_usable). Both variants compute the same float
+// operations in the same order, so their results are bit-identical.
+struct BlockKernels {
+  // to[i] = from[i * from_step] for each row.
+  void (*copy)(const float* from, int64_t from_row, int64_t from_step, float* to, int64_t to_row,
+               int64_t rows, int64_t n);
+  // to[i] = alpha * (from[i] + bias) for each row: the epilogue without activation or beta.
+  void (*scale)(const float* from, int64_t from_row, float* to, int64_t to_row, int64_t rows,
+                int64_t n, float alpha, float bias);
+};
+
+void copy_block(const float* from, int64_t from_row, int64_t from_step, float* to, int64_t to_row,
+                int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r, from += from_row, to += to_row) copy_run(from, from_step, to, n);
+}
+
+void scale_block(const float* from, int64_t from_row, float* to, int64_t to_row, int64_t rows,
+                 int64_t n, float alpha, float bias) {
+  for (int64_t r = 0; r < rows; ++r, from += from_row, to += to_row) {
+    const float* __restrict in = from;
+    float* __restrict out = to;
+    for (int64_t i = 0; i < n; ++i) out[i] = alpha * (in[i] + bias);
+  }
+}
+
+constexpr BlockKernels kBaselineKernels{copy_block, scale_block};
+
+#ifdef FDNN_ONEDNN_HAS_AVX2_KERNELS
+#define FDNN_AVX2 __attribute__((target("avx2")))
+
+// The first n of 8 lanes (0 < n < 8), for a row's masked tail.
+FDNN_AVX2 inline __m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// One unit-stride run: 32 floats per step, then 16, 8, and a masked tail (masked-off lanes
+// are neither read nor written, so nothing past either run is touched). A run of 8 (a row
+// of a small x) is one move.
+FDNN_AVX2 inline void copy_run_avx2(const float* from, float* to, int64_t n) {
+  if (n == 8) return _mm256_storeu_ps(to, _mm256_loadu_ps(from));
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256 a = _mm256_loadu_ps(from + i), b = _mm256_loadu_ps(from + i + 8);
+    const __m256 c = _mm256_loadu_ps(from + i + 16), d = _mm256_loadu_ps(from + i + 24);
+    _mm256_storeu_ps(to + i, a);
+    _mm256_storeu_ps(to + i + 8, b);
+    _mm256_storeu_ps(to + i + 16, c);
+    _mm256_storeu_ps(to + i + 24, d);
+  }
+  if (i + 16 <= n) {
+    const __m256 a = _mm256_loadu_ps(from + i), b = _mm256_loadu_ps(from + i + 8);
+    _mm256_storeu_ps(to + i, a);
+    _mm256_storeu_ps(to + i + 8, b);
+    i += 16;
+  }
+  if (i + 8 <= n) {
+    _mm256_storeu_ps(to + i, _mm256_loadu_ps(from + i));
+    i += 8;
+  }
+  if (i < n) {
+    const __m256i lanes = first_lanes(n - i);
+    _mm256_maskstore_ps(to + i, lanes, _mm256_maskload_ps(from + i, lanes));
+  }
+}
+
+FDNN_AVX2 void copy_block_avx2(const float* from, int64_t from_row, int64_t from_step, float* to,
+                               int64_t to_row, int64_t rows, int64_t n) {
+  if (from_step != 1) return copy_block(from, from_row, from_step, to, to_row, rows, n);
+  for (int64_t r = 0; r < rows; ++r, from += from_row, to += to_row) copy_run_avx2(from, to, n);
+}
+
+// The same two float operations per element as scale_block (no fused multiply-add).
+FDNN_AVX2 void scale_block_avx2(const float* from, int64_t from_row, float* to, int64_t to_row,
+                                int64_t rows, int64_t n, float alpha, float bias) {
+  const __m256 a = _mm256_set1_ps(alpha), b = _mm256_set1_ps(bias);
+  if (n == 8) {  // rows of one vector (a small y)
+    for (int64_t r = 0; r < rows; ++r, from += from_row, to += to_row)
+      _mm256_storeu_ps(to, _mm256_mul_ps(a, _mm256_add_ps(_mm256_loadu_ps(from), b)));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r, from += from_row, to += to_row) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(to + i, _mm256_mul_ps(a, _mm256_add_ps(_mm256_loadu_ps(from + i), b)));
+    if (i < n) {
+      const __m256i lanes = first_lanes(n - i);
+      const __m256 v = _mm256_mul_ps(a, _mm256_add_ps(_mm256_maskload_ps(from + i, lanes), b));
+      _mm256_maskstore_ps(to + i, lanes, v);
+    }
+  }
+}
+
+constexpr BlockKernels kAvx2Kernels{copy_block_avx2, scale_block_avx2};
+#undef FDNN_AVX2
+#endif
+
+const BlockKernels& block_kernels(const Im2colGemm& g) {
+#ifdef FDNN_ONEDNN_HAS_AVX2_KERNELS
+  if (g.avx2) return kAvx2Kernels;
+#endif
+  (void)g;
+  return kBaselineKernels;
+}
+
 // One row of the im2col matrix along output dim 2: zeros, `from` read every `step`
 // elements for outputs [lo, hi), zeros.
 inline void fill_row(float* __restrict row, int64_t run, int64_t lo, int64_t hi,
@@ -237,25 +352,22 @@ void im2col(const Im2colGemm& g, const float* x, float* col) {
 // x of one (image, group) as the zero-padded dense block im2col_padded reads: per channel
 // span[0] x span[1] x span[2], x at offset pad_lo, zeros around it (and where the taps read
 // no x at all, nothing of x is copied).
-void pad_source(const Im2colGemm& g, const float* x, float* source) {
-  const int64_t p0 = g.span[0], p1 = g.span[1], p2 = g.span[2];
+void pad_source(const Im2colGemm& g, const BlockKernels& k, const float* x, float* source) {
+  const int64_t p1 = g.span[1], p2 = g.span[2];
   std::memset(source, 0, static_cast<size_t>(g.group_in * g.source_pitch) * sizeof(float));
   // The part of x the taps read: rows [0, n) along each dim, placed at pad_lo.
-  const int64_t n0 = std::min(g.in[0], p0 - g.pad_lo[0]), n1 = std::min(g.in[1], p1 - g.pad_lo[1]);
+  const int64_t n0 = std::min(g.in[0], g.span[0] - g.pad_lo[0]), n1 = std::min(g.in[1], p1 - g.pad_lo[1]);
   const int64_t n2 = std::min(g.in[2], p2 - g.pad_lo[2]);
   if (n0 <= 0 || n1 <= 0 || n2 <= 0) return;
-  const int64_t xs0 = g.x_s[0], xs1 = g.x_s[1], xs2 = g.x_s[2];
   for (int64_t c = 0; c < g.group_in; ++c)
     for (int64_t i0 = 0; i0 < n0; ++i0)
-      for (int64_t i1 = 0; i1 < n1; ++i1)
-        copy_run(x + c * g.x_c + i0 * xs0 + i1 * xs1, xs2,
-                 source + c * g.source_pitch + ((i0 + g.pad_lo[0]) * p1 + i1 + g.pad_lo[1]) * p2 + g.pad_lo[2],
-                 n2);
+      k.copy(x + c * g.x_c + i0 * g.x_s[0], g.x_s[1], g.x_s[2],
+             source + c * g.source_pitch + ((i0 + g.pad_lo[0]) * p1 + g.pad_lo[1]) * p2 + g.pad_lo[2], p2, n1, n2);
 }
 
 // The R x P matrix of one (image, group) from its zero-padded block: every row a plain copy
 // (stride along dim 2 read every stride[2] elements), no bounds to test.
-void im2col_padded(const Im2colGemm& g, const float* source, float* __restrict col) {
+void im2col_padded(const Im2colGemm& g, const BlockKernels& k, const float* source, float* col) {
   const int64_t p1 = g.span[1], p2 = g.span[2];
   const int64_t out0 = g.out[0], out1 = g.out[1], run = g.out[2];
   const int64_t step0 = g.stride[0] * p1 * p2, step1 = g.stride[1] * p2, step2 = g.stride[2];
@@ -265,30 +377,20 @@ void im2col_padded(const Im2colGemm& g, const float* source, float* __restrict c
         for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
           const float* tap = source + c * g.source_pitch + (k0 * g.dilation[0] * p1 + k1 * g.dilation[1]) * p2 +
                              k2 * g.dilation[2];
-          for (int64_t o0 = 0; o0 < out0; ++o0) {
-            const float* __restrict from = tap + o0 * step0;
-            if (step2 == 1) {
-              for (int64_t o1 = 0; o1 < out1; ++o1, col += run, from += step1)
-                for (int64_t i = 0; i < run; ++i) col[i] = from[i];
-            } else {
-              for (int64_t o1 = 0; o1 < out1; ++o1, col += run, from += step1)
-                for (int64_t i = 0; i < run; ++i) col[i] = from[i * step2];
-            }
-          }
+          for (int64_t o0 = 0; o0 < out0; ++o0, col += out1 * run)
+            k.copy(tap + o0 * step0, step1, step2, col, run, out1, run);
         }
 }
 
 // Wide mode's R x (out[1] * span[2]) matrix: each row one run of the padded copy, the tap's
-// block read from its first output on.
-void im2col_wide(const Im2colGemm& g, const float* source, float* col) {
-  const int64_t p1 = g.span[1], p2 = g.span[2], run = g.wide_pixels;
+// block read from its first output on; the kernel[2] taps of one (c, k0, k1) are one block.
+void im2col_wide(const Im2colGemm& g, const BlockKernels& k, const float* source, float* col) {
+  const int64_t p1 = g.span[1], p2 = g.span[2], run = g.wide_pixels, taps = g.kernel[2];
   for (int64_t c = 0; c < g.group_in; ++c)
     for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
-      for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
-        for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2, col += run)
-          std::memcpy(col, source + c * g.source_pitch + (k0 * g.dilation[0] * p1 + k1 * g.dilation[1]) * p2 +
-                               k2 * g.dilation[2],
-                      static_cast<size_t>(run) * sizeof(float));
+      for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1, col += taps * run)
+        k.copy(source + c * g.source_pitch + (k0 * g.dilation[0] * p1 + k1 * g.dilation[1]) * p2, g.dilation[2], 1,
+               col, run, taps, run);
 }
 
 // The K x R weights, dense, from the caller's strides.
@@ -368,25 +470,24 @@ inline float finish(const Im2colGemm& g, float product, float bias, float prior)
 
 // One (image, group) in wide mode: the product over span[2] columns per output row into the
 // workspace, then each row's first out[2] columns through the epilogue into y.
-void run_wide(const Im2colGemm& g, Matrix w, const float* col, const float* bias, float* y, float* stage) {
+void run_wide(const Im2colGemm& g, const BlockKernels& kernels, Matrix w, const float* col, const float* bias,
+              float* y, float* stage) {
   sgemm('N', 'N', g.group_out, g.wide_pixels, g.rows, 1.f, w, Matrix{col, 'N', g.wide_pixels}, 0.f, stage,
         g.wide_pixels);
   const int64_t p2 = g.span[2], ys1 = g.y_s[1], ys2 = g.y_s[2], run = g.out[2];
-  // No activation, beta 0 and unit-stride rows (the common case): a plain loop the compiler
-  // vectorises; the same float operations as finish(), so every layout gets the same bits.
+  // No activation, beta 0 and unit-stride rows (the common case): the block kernel, with the
+  // same float operations as finish(), so every layout gets the same bits.
   const bool plain = g.activation == FDNN_ACTIVATION_NONE && g.beta == 0.f && ys2 == 1;
-  const float alpha = g.alpha;
   for (int64_t k = 0; k < g.group_out; ++k) {
     const float b = bias != nullptr ? bias[k * g.bias_stride] : 0.f;
-    for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
-      const float* __restrict from = stage + k * g.wide_pixels + o1 * p2;
-      float* __restrict to = y + k * g.y_k + o1 * ys1;
-      if (plain) {
-        for (int64_t o2 = 0; o2 < run; ++o2) to[o2] = alpha * (from[o2] + b);
-      } else {
-        for (int64_t o2 = 0; o2 < run; ++o2) to[o2 * ys2] = finish(g, from[o2], b, to[o2 * ys2]);
-      }
+    const float* from = stage + k * g.wide_pixels;
+    float* to = y + k * g.y_k;
+    if (plain) {
+      kernels.scale(from, p2, to, ys1, g.out[1], run, g.alpha, b);
+      continue;
     }
+    for (int64_t o1 = 0; o1 < g.out[1]; ++o1, from += p2, to += ys1)
+      for (int64_t o2 = 0; o2 < run; ++o2) to[o2 * ys2] = finish(g, from[o2], b, to[o2 * ys2]);
   }
 }
 
@@ -401,6 +502,18 @@ void run_staged(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, floa
     const float out = activate(g, g.alpha * conv);
     v = g.beta == 0.f ? out : out + g.beta * v;
   });
+}
+
+// Whether the AVX2 block kernels run: on x86-64 where oneDNN's effective instruction set
+// (the CPU's, capped by ONEDNN_MAX_CPU_ISA or dnnl_set_max_cpu_isa) includes AVX2. Following
+// oneDNN's cap keeps the baseline kernels reachable, and tested, on any machine.
+bool avx2_kernels_usable() {
+#ifdef FDNN_ONEDNN_HAS_AVX2_KERNELS
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2;
+#else
+  return false;
+#endif
 }
 
 }  // namespace
@@ -440,6 +553,7 @@ std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_A
   g->activation = a.activation;
   g->activation_alpha = a.activation_alpha;
   g->activation_beta = a.activation_beta;
+  g->avx2 = avx2_kernels_usable();
   choose_x_operand(a, *g);
   choose_padded_source(*g);
   choose_w_operand(*g);
@@ -481,6 +595,7 @@ void run_im2col_gemm(const Im2colGemm& g, void* const pointers[4], char* workspa
     copy_weights(g, w, dense);
     weights = dense;
   }
+  const BlockKernels& kernels = block_kernels(g);
   auto* col = reinterpret_cast<float*>(workspace + g.col_offset);
   auto* stage = reinterpret_cast<float*>(workspace + g.stage_offset);
   auto* source = reinterpret_cast<float*>(workspace + g.source_offset);
@@ -492,14 +607,14 @@ void run_im2col_gemm(const Im2colGemm& g, void* const pointers[4], char* workspa
       const Matrix w_g{weights + grp * w_group, 'N', w_ld};
       Matrix x_g{x_ng, g.x_trans, g.x_ld};
       if (g.wide) {
-        pad_source(g, x_ng, source);
-        im2col_wide(g, source, col);
-        run_wide(g, w_g, col, bias_g, y_ng, stage);
+        pad_source(g, kernels, x_ng, source);
+        im2col_wide(g, kernels, source, col);
+        run_wide(g, kernels, w_g, col, bias_g, y_ng, stage);
         continue;
       }
       if (g.im2col && g.padded_source) {
-        pad_source(g, x_ng, source);
-        im2col_padded(g, source, col);
+        pad_source(g, kernels, x_ng, source);
+        im2col_padded(g, kernels, source, col);
         x_g = Matrix{col, 'N', g.pixels};
       } else if (g.im2col) {
         im2col(g, x_ng, col);

@@ -73,6 +73,10 @@ struct Im2colGemm {
   OutputMode mode = OutputMode::kStaged;
   int64_t y_ld = 0;
 
+  // The per-call copies and the plain epilogue run their AVX2 kernels (x86-64 where oneDNN's
+  // effective instruction set includes AVX2), else the baseline ones; same results either way.
+  bool avx2 = false;
+
   float alpha = 1.f, beta = 0.f;
   int32_t activation = FDNN_ACTIVATION_NONE;
   float activation_alpha = 0.f, activation_beta = 0.f;
