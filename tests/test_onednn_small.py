@@ -1,10 +1,17 @@
-"""The oneDNN shim's small-problem path: im2col + dnnl_sgemm (algorithm 8, "onednn sgemm
-(im2col)"), which the heuristic picks for float32 forward convolutions below 16384
-multiply-adds. Every result is compared with a float64 reference written here, on fresh
-random inputs, with outputs poisoned (NaN) before the call."""
+"""The oneDNN shim's small-problem path (algorithm 8; plan names "small: ..."), which the
+heuristic picks for float32 forward convolutions below 16384 multiply-adds: im2col +
+dnnl_sgemm, or, for stride-1 problems where AVX2 runs, the shim's padded-taps kernel. Every
+result is compared with a float64 reference written here, on fresh random inputs, with
+outputs poisoned (NaN) before the call. The whole file runs once more with oneDNN capped
+below AVX2 (test_below_avx2_every_test_here_passes_on_sgemm), so both ways are checked on
+any x86-64 machine."""
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -12,14 +19,16 @@ import pytest
 
 import flux_dnn
 
-PATH = "onednn sgemm (im2col)"
+PATH = "small: "  # every plan name of the path starts so
+TAPS = "small: padded taps"  # the AVX2 kernel's plan name (im2col + sgemm: "small: im2col")
 SMALL_MACS = 1 << 14  # the shim's kSmallProblemMacs
+CAP_BELOW_AVX2 = "AVX"  # ONEDNN_MAX_CPU_ISA for the capped run
 
 
 def _onednn_available() -> bool:
     try:
         x, w = np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 1, 1), np.float32)
-        return "sgemm" in flux_dnn.conv_plan(x, w, algorithm=8).algorithm
+        return PATH in flux_dnn.conv_plan(x, w, algorithm=8).algorithm
     except Exception:  # noqa: BLE001 - any failure means no usable oneDNN shim here
         return False
 
@@ -367,3 +376,99 @@ def test_the_result_does_not_depend_on_the_output_layout(rng, alpha, beta):
     )
     np.testing.assert_array_equal(results[1], results[0])
     np.testing.assert_array_equal(results[2], results[0])
+
+
+# -- the padded-taps kernel, and the capped instruction set ----------------------------------
+
+
+def _cpu_features() -> dict:
+    """NumPy's run-time CPU feature table ({} where this NumPy does not expose it)."""
+    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):
+        try:
+            return dict(__import__(module, fromlist=["_"]).__cpu_features__)
+        except (ImportError, AttributeError):
+            continue
+    return {}
+
+
+def _taps_expected() -> bool | None:
+    """Whether stride-1 problems should take the padded-taps kernel here: x86-64 with AVX2
+    and FMA, oneDNN not capped below AVX2; None where the CPU's features cannot be told."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("SSE41", "AVX"):
+        return False
+    features = _cpu_features()
+    if "AVX2" not in features or "FMA3" not in features:
+        return None
+    return bool(features["AVX2"] and features["FMA3"])
+
+
+def test_stride_1_problems_take_the_taps_kernel_where_avx2_runs(rng):
+    """The tiny convolution's plan name says which way it is computed: the taps kernel on an
+    AVX2 + FMA machine, im2col + sgemm below (the capped run of this file checks that)."""
+    expected = _taps_expected()
+    if expected is None:
+        pytest.skip("cannot tell whether this CPU has AVX2 and FMA (no NumPy CPU feature table)")
+    x, w = draw(rng, (1, 4, 8, 8)), draw(rng, (4, 4, 3, 3))
+    name = flux_dnn.conv_plan(x, w, padding=1).algorithm
+    assert name.startswith(TAPS if expected else "small: im2col"), name
+
+
+# (out channels per group, output width): the kernel's register blocks are 4 rows by 16
+# columns, then 8 columns, then a masked tail; 1 to 9 rows and widths whose wide rows leave
+# every remainder of 16 and 8.
+TAP_BLOCKS = [(k, width) for k in (1, 2, 3, 4, 5, 7, 9) for width in (1, 5, 6, 7, 12)]
+
+
+@pytest.mark.parametrize("out_per_group, width", TAP_BLOCKS)
+@pytest.mark.parametrize("dilation, groups", [(1, 1), (2, 1), (1, 2)])
+def test_every_register_block_of_the_taps_kernel(rng, out_per_group, width, dilation, groups):
+    """Stride-1 2-D problems of every block shape, through a plan (fresh output) and out=
+    (poisoned), with bias, alpha and an activation, against the float64 reference."""
+    c = 2 * groups
+    x = draw(rng, (1, c, 3, width))
+    w = draw(rng, (out_per_group * groups, 2, 3, 3))
+    bias = draw(rng, (out_per_group * groups,))
+    kwargs = dict(padding=dilation, dilation=dilation, groups=groups)
+    expected = reference(x, w, bias, alpha=0.75, activation="relu", **kwargs)
+    plan = flux_dnn.conv_plan(x, w, bias, alpha=0.75, activation="relu", algorithm=8, **kwargs)
+    assert PATH in plan.algorithm, plan.algorithm
+    assert_matches(plan(x), expected, 18)
+    y = poisoned(expected.shape)
+    flux_dnn.conv2d(x, w, bias, alpha=0.75, activation="relu", algorithm=8, out=y, **kwargs)
+    assert_matches(y, expected, 18)
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, kwargs",
+    [
+        ((2, 3, 19), (5, 3, 4), dict(padding=((2, 1),), dilation=2)),
+        ((1, 2, 1, 6, 9), (3, 2, 1, 3, 2), dict(padding=(0, 1, 0))),
+        ((1, 2, 3, 6, 9), (3, 2, 3, 3, 2), dict(padding=(0, 1, 0), dilation=(1, 2, 1))),
+        ((3, 5, 4, 4), (2, 5, 4, 4), dict(padding=((3, 0), (0, 3)))),
+    ],
+    ids=["1d dilation", "3d one output plane", "3d dilated plane", "2d padding on one side"],
+)
+def test_the_taps_kernel_on_other_ranks_and_paddings(rng, x_shape, w_shape, kwargs):
+    x, w = draw(rng, x_shape), draw(rng, w_shape)
+    expected = reference(x, w, **kwargs)
+    y = poisoned(expected.shape)
+    flux_dnn.conv(x, w, algorithm=8, out=y, **kwargs)
+    assert_matches(y, expected, w_shape[1] * np.prod(w_shape[2:]))
+    assert_matches(flux_dnn.conv_plan(x, w, algorithm=8, **kwargs)(x), expected, w_shape[1] * np.prod(w_shape[2:]))
+
+
+def test_below_avx2_every_test_here_passes_on_sgemm():
+    """oneDNN capped below AVX2 (ONEDNN_MAX_CPU_ISA=AVX, as on an x86-64 CPU without it): the
+    path runs its baseline copies and dnnl_sgemm instead of the AVX2 kernels, and every other
+    test of this file, run in a fresh process, passes there."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"ONEDNN_MAX_CPU_ISA caps x86-64 CPUs, not {platform.machine()}")
+    if os.environ.get("ONEDNN_MAX_CPU_ISA"):
+        pytest.skip("this process already runs under ONEDNN_MAX_CPU_ISA (the capped run itself)")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": CAP_BELOW_AVX2}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=os.path.dirname(__file__))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout, result.stdout[-2000:]

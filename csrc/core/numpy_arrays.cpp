@@ -113,15 +113,21 @@ PyObject* numpy_empty(PyObject* like, int itemsize, int ndim, const int64_t* sha
     return nullptr;
   }
   Py_ssize_t dims[kMaxNumpyDims], byte_strides[kMaxNumpyDims];
-  for (int i = 0; i < ndim; ++i) {
+  // C order (strides of size-1 dims reach no element and do not count) is asked for without
+  // strides: NumPy then sets its flags directly instead of deriving them from the strides.
+  bool c_order = true;
+  int64_t dense = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
     dims[i] = static_cast<Py_ssize_t>(shape[i]);
     byte_strides[i] = static_cast<Py_ssize_t>(strides[i]) * itemsize;
+    if (shape[i] != 1 && strides[i] != dense) c_order = false;
+    dense *= shape[i];
   }
   PyObject* descr = reinterpret_cast<const NumpyArrayFields*>(like)->descr;
   Py_INCREF(descr);  // NewFromDescr steals a reference to the dtype
   auto make = reinterpret_cast<NewFromDescr>(api[kApiNewFromDescr]);
-  return make(static_cast<PyTypeObject*>(api[kApiArrayType]), descr, ndim, dims, byte_strides, nullptr, 0,
-              nullptr);
+  return make(static_cast<PyTypeObject*>(api[kApiArrayType]), descr, ndim, dims, c_order ? nullptr : byte_strides,
+              nullptr, 0, nullptr);
 }
 
 }  // namespace fdnn_core

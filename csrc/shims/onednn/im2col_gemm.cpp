@@ -122,6 +122,21 @@ void choose_padded_source(Im2colGemm& g) {
   }
 }
 
+// Wide mode reads the padded copy in place (Im2colGemm::taps) where the AVX2 kernels run:
+// row (c, k0, k1, k2) of the im2col matrix starts at that tap's offset in the copy.
+void choose_taps(Im2colGemm& g) {
+  g.taps = g.wide && g.avx2;
+  g.tap_offsets.clear();
+  if (!g.taps) return;
+  const int64_t p1 = g.span[1], p2 = g.span[2];
+  for (int64_t c = 0; c < g.group_in; ++c)
+    for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
+      for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
+        for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2)
+          g.tap_offsets.push_back(c * g.source_pitch + (k0 * g.dilation[0] * p1 + k1 * g.dilation[1]) * p2 +
+                                  k2 * g.dilation[2]);
+}
+
 // The weights (K, C/g, *kernel) are the K x R matrix when (C/g, *kernel) is one unit-stride
 // run (dense plain weights); else each call copies them into the workspace.
 void choose_w_operand(Im2colGemm& g) {
@@ -167,7 +182,7 @@ void place_workspace(Im2colGemm& g) {
   };
   const int64_t columns = g.wide ? g.wide_pixels : g.pixels;
   g.col_offset = static_cast<size_t>(offset);
-  if (g.im2col) add(matrix_bytes(g.rows, columns));
+  if (g.im2col && !g.taps) add(matrix_bytes(g.rows, columns));
   g.w_offset = static_cast<size_t>(offset);
   if (!g.w_matrix && !g.packed_w) add(matrix_bytes(g.groups * g.group_out, g.rows));
   g.stage_offset = static_cast<size_t>(offset);
@@ -293,6 +308,78 @@ FDNN_AVX2 void scale_block_avx2(const float* from, int64_t from_row, float* to, 
 }
 
 constexpr BlockKernels kAvx2Kernels{copy_block_avx2, scale_block_avx2};
+
+// ---- The padded-taps product (Im2colGemm::taps) -------------------------------------------
+//
+// c[m][n] = sum over k of w[m][k] * source[taps[k] + n]: the wide product W X where row k of
+// X is the run of the padded copy that starts taps[k] floats in, read in place. For the
+// tiny problems of this path oneDNN's sgemm costs more in its driver (ISA queries, the thread
+// split, a buffer allocated per call: ~3.4k of its ~7k instructions on 1x4x8x8 / 4x4x3x3)
+// than in its kernel, and im2col copies every tap's run once more; this reads the runs where
+// they lie. Register blocks of R rows by V vectors of 8 columns, k innermost, one fused
+// multiply-add per term (as sgemm's kernels), the sum over k in ascending order.
+#define FDNN_AVX2_FMA __attribute__((target("avx2,fma")))
+
+struct TapOperands {
+  const float* w;  // row-major, w_ld floats per row
+  int64_t w_ld;
+  const float* source;
+  const int64_t* taps;
+  int64_t k_count;
+  float* c;  // row-major, ldc floats per row
+  int64_t ldc;
+};
+
+// Columns [n, n + 8 V) of rows [0, R); the last vector only its first lanes when kMasked
+// (masked lanes are neither read nor written).
+template <int R, int V, bool kMasked>
+FDNN_AVX2_FMA inline void tap_block(const TapOperands& t, int64_t n, __m256i lanes) {
+  __m256 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < t.k_count; ++k) {
+    const float* run = t.source + t.taps[k] + n;
+    __m256 b[V];
+    for (int v = 0; v < V; ++v)
+      b[v] = kMasked && v == V - 1 ? _mm256_maskload_ps(run + 8 * v, lanes) : _mm256_loadu_ps(run + 8 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(t.w + r * t.w_ld + k);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(a, b[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) {
+      float* to = t.c + r * t.ldc + n + 8 * v;
+      if (kMasked && v == V - 1)
+        _mm256_maskstore_ps(to, lanes, acc[r][v]);
+      else
+        _mm256_storeu_ps(to, acc[r][v]);
+    }
+}
+
+// Rows [0, R) over `cols` columns: blocks of 16, then 8, then a masked tail.
+template <int R>
+FDNN_AVX2_FMA void tap_rows(const TapOperands& t, int64_t cols) {
+  const __m256i all = _mm256_set1_epi32(-1);
+  int64_t n = 0;
+  for (; n + 16 <= cols; n += 16) tap_block<R, 2, false>(t, n, all);
+  if (n + 8 <= cols) {
+    tap_block<R, 1, false>(t, n, all);
+    n += 8;
+  }
+  if (n < cols) tap_block<R, 1, true>(t, n, first_lanes(cols - n));
+}
+
+FDNN_AVX2_FMA void tap_product_avx2(TapOperands t, int64_t rows, int64_t cols) {
+  for (; rows >= 4; rows -= 4, t.w += 4 * t.w_ld, t.c += 4 * t.ldc) tap_rows<4>(t, cols);
+  switch (rows) {
+    case 3: return tap_rows<3>(t, cols);
+    case 2: return tap_rows<2>(t, cols);
+    case 1: return tap_rows<1>(t, cols);
+    default: return;
+  }
+}
+#undef FDNN_AVX2_FMA
 #undef FDNN_AVX2
 #endif
 
@@ -469,11 +556,20 @@ inline float finish(const Im2colGemm& g, float product, float bias, float prior)
 }
 
 // One (image, group) in wide mode: the product over span[2] columns per output row into the
-// workspace, then each row's first out[2] columns through the epilogue into y.
-void run_wide(const Im2colGemm& g, const BlockKernels& kernels, Matrix w, const float* col, const float* bias,
-              float* y, float* stage) {
-  sgemm('N', 'N', g.group_out, g.wide_pixels, g.rows, 1.f, w, Matrix{col, 'N', g.wide_pixels}, 0.f, stage,
-        g.wide_pixels);
+// workspace (from the padded copy's taps, or im2col + sgemm), then each row's first out[2]
+// columns through the epilogue into y.
+void run_wide(const Im2colGemm& g, const BlockKernels& kernels, Matrix w, const float* source, float* col,
+              const float* bias, float* y, float* stage) {
+#ifdef FDNN_ONEDNN_HAS_AVX2_KERNELS
+  if (g.taps)
+    tap_product_avx2(TapOperands{w.data, w.ld, source, g.tap_offsets.data(), g.rows, stage, g.wide_pixels},
+                     g.group_out, g.wide_pixels);
+#endif
+  if (!g.taps) {
+    im2col_wide(g, kernels, source, col);
+    sgemm('N', 'N', g.group_out, g.wide_pixels, g.rows, 1.f, w, Matrix{col, 'N', g.wide_pixels}, 0.f, stage,
+          g.wide_pixels);
+  }
   const int64_t p2 = g.span[2], ys1 = g.y_s[1], ys2 = g.y_s[2], run = g.out[2];
   // No activation, beta 0 and unit-stride rows (the common case): the block kernel, with the
   // same float operations as finish(), so every layout gets the same bits.
@@ -504,13 +600,15 @@ void run_staged(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, floa
   });
 }
 
-// Whether the AVX2 block kernels run: on x86-64 where oneDNN's effective instruction set
-// (the CPU's, capped by ONEDNN_MAX_CPU_ISA or dnnl_set_max_cpu_isa) includes AVX2. Following
-// oneDNN's cap keeps the baseline kernels reachable, and tested, on any machine.
+// Whether the AVX2 kernels (block kernels, padded taps) run: on x86-64 with AVX2 and FMA
+// where oneDNN's effective instruction set (the CPU's, capped by ONEDNN_MAX_CPU_ISA or
+// dnnl_set_max_cpu_isa) includes AVX2. Following oneDNN's cap keeps the baseline kernels and
+// sgemm reachable, and tested, on any machine.
 bool avx2_kernels_usable() {
 #ifdef FDNN_ONEDNN_HAS_AVX2_KERNELS
   const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  return (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2;
+  return (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2 && __builtin_cpu_supports("avx2") &&
+         __builtin_cpu_supports("fma");
 #else
   return false;
 #endif
@@ -530,6 +628,8 @@ const char* im2col_gemm_refusal(const FDNN_Conv_Plan_Create_Args& a) {
     default: return "it applies no activation but relu, leaky_relu and clip";
   }
 }
+
+const char* small_plan_name(const Im2colGemm& g) { return g.taps ? kTapsPlanName : kSgemmPlanName; }
 
 std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_Args& a) {
   auto g = std::make_shared<Im2colGemm>();
@@ -556,6 +656,7 @@ std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_A
   g->avx2 = avx2_kernels_usable();
   choose_x_operand(a, *g);
   choose_padded_source(*g);
+  choose_taps(*g);
   choose_w_operand(*g);
   choose_output(*g);
   place_workspace(*g);
@@ -608,8 +709,7 @@ void run_im2col_gemm(const Im2colGemm& g, void* const pointers[4], char* workspa
       Matrix x_g{x_ng, g.x_trans, g.x_ld};
       if (g.wide) {
         pad_source(g, kernels, x_ng, source);
-        im2col_wide(g, kernels, source, col);
-        run_wide(g, kernels, w_g, col, bias_g, y_ng, stage);
+        run_wide(g, kernels, w_g, source, col, bias_g, y_ng, stage);
         continue;
       }
       if (g.im2col && g.padded_source) {

@@ -12,14 +12,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "flux_dnn/flux_dnn.h"
 
 namespace fdnn_onednn {
 
-// The algorithm id of this path (the primitive's layout policies are 0 to 7).
+// The algorithm id of this path (the primitive's layout policies are 0 to 7), its name in
+// messages, and the names a plan reports: every one starts with kSmallPathPrefix.
 constexpr int64_t kIm2colGemmAlgo = 8;
-constexpr const char* kIm2colGemmName = "onednn sgemm (im2col)";
+constexpr const char* kIm2colGemmName = "the small-problem path";
+constexpr const char* kSmallPathPrefix = "small: ";
+constexpr const char* kSgemmPlanName = "small: im2col + onednn sgemm";
+constexpr const char* kTapsPlanName = "small: padded taps (shim avx2 kernel)";
 
 // Why this path cannot compute the problem ("float16 is computed by the primitive ..."), or
 // nullptr when it can: float32 FORWARD with activation NONE, RELU, LEAKY_RELU or CLIP (the
@@ -64,6 +69,11 @@ struct Im2colGemm {
   // discarded by the epilogue), so that each im2col row is one run of the padded copy.
   bool wide = false;
   int64_t wide_pixels = 0;  // out[1] * span[2]: the product's columns in wide mode
+  // Wide mode with the AVX2 kernels: the product reads the padded copy itself, row k of the
+  // im2col matrix being the run that starts tap_offsets[k] floats into it (tap_product), so
+  // neither im2col nor dnnl_sgemm runs. See README.md ("The small-problem path").
+  bool taps = false;
+  std::vector<int64_t> tap_offsets;
   char x_trans = 'N';
   int64_t x_ld = 0;
   // The weights as the K x R row-major matrix with leading dimension w_ld, else copied.
@@ -84,6 +94,9 @@ struct Im2colGemm {
   size_t col_offset = 0, w_offset = 0, stage_offset = 0, source_offset = 0;  // workspace bytes
   size_t workspace_size = 0;
 };
+
+// The name a plan of this path reports (kSgemmPlanName or kTapsPlanName).
+const char* small_plan_name(const Im2colGemm& g);
 
 // The plan of this path for a problem im2col_gemm_refusal accepts.
 std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_Args& a);

@@ -950,7 +950,7 @@ Plan im2col_gemm_plan(const FDNN_Conv_Plan_Create_Args& a) {
   plan.alpha = a.alpha;
   plan.beta = a.beta;
   plan.algo_id = fdnn_onednn::kIm2colGemmAlgo;
-  plan.name = fdnn_onednn::kIm2colGemmName;
+  plan.name = fdnn_onednn::small_plan_name(*plan.gemm);
   return plan;
 }
 
