@@ -469,6 +469,8 @@ def test_below_avx2_every_test_here_passes_on_sgemm():
         pytest.skip("this process already runs under ONEDNN_MAX_CPU_ISA (the capped run itself)")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": CAP_BELOW_AVX2}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=os.path.dirname(__file__))
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env=env, cwd=os.path.dirname(__file__)
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " failed" not in result.stdout, result.stdout[-2000:]

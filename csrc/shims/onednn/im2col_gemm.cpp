@@ -1,4 +1,4 @@
-// The small-problem path of the oneDNN shim: im2col + dnnl_sgemm (see im2col_gemm.hpp).
+// The small-problem path of the oneDNN shim: im2col + dnnl_sgemm, or padded taps (see im2col_gemm.hpp).
 #include "im2col_gemm.hpp"
 
 #include <oneapi/dnnl/dnnl.h>

@@ -1,8 +1,10 @@
 // The oneDNN shim's small-problem path: a float32 forward convolution as im2col plus
 // oneDNN's public row-major sgemm (dnnl_sgemm), one product per (image, group), without a
-// convolution primitive. For tiny problems a primitive's per-call machinery (execution
-// context, argument maps, its driver's descriptor queries) costs more than the arithmetic;
-// this path has none of it. See README.md ("The small-problem path") for when it is chosen.
+// convolution primitive; or, for stride-1 problems where AVX2 runs, the same product read in
+// place from a zero-padded copy of x by the shim's own kernel (padded taps). For tiny
+// problems a primitive's per-call machinery (execution context, argument maps, its driver's
+// descriptor queries) costs more than the arithmetic; this path has none of it. See
+// README.md ("The small-problem path") for when it is chosen.
 //
 // Like a primitive plan, it holds no mutable state: the im2col matrix (and, where needed, a
 // copy of the weights or the product before the epilogue) lives in the caller's workspace, so
