@@ -226,8 +226,16 @@ struct BlockKernels {
                 int64_t n, float alpha, float bias);
 };
 
+// Long unit-stride runs (wide im2col rows) go to libc's memcpy, which picks its own vector
+// width at run time; short ones (rows of a small x) stay inline, where a call costs more.
 void copy_block(const float* from, int64_t from_row, int64_t from_step, float* to, int64_t to_row,
                 int64_t rows, int64_t n) {
+  constexpr int64_t kMemcpyRun = 32;
+  if (from_step == 1 && n >= kMemcpyRun) {
+    for (int64_t r = 0; r < rows; ++r, from += from_row, to += to_row)
+      std::memcpy(to, from, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r, from += from_row, to += to_row) copy_run(from, from_step, to, n);
 }
 
