@@ -480,9 +480,9 @@ py::object PackedConv::run(py::handle x_array, py::handle y_array, py::handle bi
   // memory with x or bias; only its alignment depends on NumPy's allocator (which may be
   // replaced), and a plan runs on data at least as aligned as planned. A caller's out= is
   // checked in full.
-  if (made_here && fdnn_client::data_alignment(y.desc()) < y_signature_.alignment)
-    check_fits("out", y, y_signature_);
-  if (!made_here) {
+  if (made_here) {
+    if (fdnn_client::data_alignment(y.desc()) < y_signature_.alignment) check_fits("out", y, y_signature_);
+  } else {
     check_fits("out", y, y_signature_);
     if (y.read_only()) throw py::value_error("out: the array is read-only");
     BorrowedTensor no_w(py::none(), "w", stream);
