@@ -338,31 +338,61 @@ struct TapOperands {
   int64_t ldc;
 };
 
-// Columns [n, n + 8 V) of rows [0, R); the last vector only its first lanes when kMasked
-// (masked lanes are neither read nor written).
+// Columns [n, n + 8 V) of rows [0, R) (R <= 4, V <= 2); the last vector only its first lanes
+// when kMasked (masked lanes are neither read nor written). The accumulators are named
+// variables, not an array: GCC kept an array of them in memory, storing it on every term;
+// the ones a block does not use are dropped by the compiler.
 template <int R, int V, bool kMasked>
 FDNN_AVX2_FMA inline void tap_block(const TapOperands& t, int64_t n, __m256i lanes) {
-  __m256 acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < t.k_count; ++k) {
-    const float* run = t.source + t.taps[k] + n;
-    __m256 b[V];
-    for (int v = 0; v < V; ++v)
-      b[v] = kMasked && v == V - 1 ? _mm256_maskload_ps(run + 8 * v, lanes) : _mm256_loadu_ps(run + 8 * v);
-    for (int r = 0; r < R; ++r) {
-      const __m256 a = _mm256_broadcast_ss(t.w + r * t.w_ld + k);
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(a, b[v], acc[r][v]);
+  static_assert(R >= 1 && R <= 4 && V >= 1 && V <= 2, "blocks of up to 4 rows by 2 vectors");
+  const float* const source = t.source + n;
+  const int64_t* const taps = t.taps;
+  const float* const w0 = t.w;
+  const float* const w1 = w0 + t.w_ld;
+  const float* const w2 = w1 + t.w_ld;
+  const float* const w3 = w2 + t.w_ld;
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 c00 = zero, c01 = zero, c10 = zero, c11 = zero, c20 = zero, c21 = zero, c30 = zero, c31 = zero;
+  for (int64_t k = 0, k_count = t.k_count; k < k_count; ++k) {
+    const float* run = source + taps[k];
+    const __m256 b0 = kMasked && V == 1 ? _mm256_maskload_ps(run, lanes) : _mm256_loadu_ps(run);
+    __m256 b1 = zero;
+    if constexpr (V == 2) b1 = kMasked ? _mm256_maskload_ps(run + 8, lanes) : _mm256_loadu_ps(run + 8);
+    __m256 a = _mm256_broadcast_ss(w0 + k);
+    c00 = _mm256_fmadd_ps(a, b0, c00);
+    if constexpr (V == 2) c01 = _mm256_fmadd_ps(a, b1, c01);
+    if constexpr (R > 1) {
+      a = _mm256_broadcast_ss(w1 + k);
+      c10 = _mm256_fmadd_ps(a, b0, c10);
+      if constexpr (V == 2) c11 = _mm256_fmadd_ps(a, b1, c11);
+    }
+    if constexpr (R > 2) {
+      a = _mm256_broadcast_ss(w2 + k);
+      c20 = _mm256_fmadd_ps(a, b0, c20);
+      if constexpr (V == 2) c21 = _mm256_fmadd_ps(a, b1, c21);
+    }
+    if constexpr (R > 3) {
+      a = _mm256_broadcast_ss(w3 + k);
+      c30 = _mm256_fmadd_ps(a, b0, c30);
+      if constexpr (V == 2) c31 = _mm256_fmadd_ps(a, b1, c31);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) {
-      float* to = t.c + r * t.ldc + n + 8 * v;
-      if (kMasked && v == V - 1)
-        _mm256_maskstore_ps(to, lanes, acc[r][v]);
+  // Row r's vectors into c[r][n...]: the last one masked when kMasked.
+  auto store_row = [&](int r, __m256 first, __m256 second) FDNN_AVX2_FMA {
+    float* to = t.c + r * t.ldc + n;
+    if (kMasked && V == 1) return _mm256_maskstore_ps(to, lanes, first);
+    _mm256_storeu_ps(to, first);
+    if constexpr (V == 2) {
+      if (kMasked)
+        _mm256_maskstore_ps(to + 8, lanes, second);
       else
-        _mm256_storeu_ps(to, acc[r][v]);
+        _mm256_storeu_ps(to + 8, second);
     }
+  };
+  store_row(0, c00, c01);
+  if constexpr (R > 1) store_row(1, c10, c11);
+  if constexpr (R > 2) store_row(2, c20, c21);
+  if constexpr (R > 3) store_row(3, c30, c31);
 }
 
 // Rows [0, R) over `cols` columns: blocks of 16, then 8, then a masked tail.
