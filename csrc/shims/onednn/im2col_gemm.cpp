@@ -338,6 +338,15 @@ struct TapOperands {
   int64_t ldc;
 };
 
+// One row's term: c0 (and c1) += w * b0 (and b1).
+template <int V>
+FDNN_AVX2_FMA __attribute__((always_inline)) inline void accumulate(const float* w, __m256 b0, __m256 b1, __m256& c0,
+                                                                    __m256& c1) {
+  const __m256 a = _mm256_broadcast_ss(w);
+  c0 = _mm256_fmadd_ps(a, b0, c0);
+  if constexpr (V == 2) c1 = _mm256_fmadd_ps(a, b1, c1);
+}
+
 // Columns [n, n + 8 V) of rows [0, R) (R <= 4, V <= 2); the last vector only its first lanes
 // when kMasked (masked lanes are neither read nor written). The accumulators are named
 // variables, not an array: GCC kept an array of them in memory, storing it on every term;
@@ -358,24 +367,10 @@ FDNN_AVX2_FMA inline void tap_block(const TapOperands& t, int64_t n, __m256i lan
     const __m256 b0 = kMasked && V == 1 ? _mm256_maskload_ps(run, lanes) : _mm256_loadu_ps(run);
     __m256 b1 = zero;
     if constexpr (V == 2) b1 = kMasked ? _mm256_maskload_ps(run + 8, lanes) : _mm256_loadu_ps(run + 8);
-    __m256 a = _mm256_broadcast_ss(w0 + k);
-    c00 = _mm256_fmadd_ps(a, b0, c00);
-    if constexpr (V == 2) c01 = _mm256_fmadd_ps(a, b1, c01);
-    if constexpr (R > 1) {
-      a = _mm256_broadcast_ss(w1 + k);
-      c10 = _mm256_fmadd_ps(a, b0, c10);
-      if constexpr (V == 2) c11 = _mm256_fmadd_ps(a, b1, c11);
-    }
-    if constexpr (R > 2) {
-      a = _mm256_broadcast_ss(w2 + k);
-      c20 = _mm256_fmadd_ps(a, b0, c20);
-      if constexpr (V == 2) c21 = _mm256_fmadd_ps(a, b1, c21);
-    }
-    if constexpr (R > 3) {
-      a = _mm256_broadcast_ss(w3 + k);
-      c30 = _mm256_fmadd_ps(a, b0, c30);
-      if constexpr (V == 2) c31 = _mm256_fmadd_ps(a, b1, c31);
-    }
+    accumulate<V>(w0 + k, b0, b1, c00, c01);
+    if constexpr (R > 1) accumulate<V>(w1 + k, b0, b1, c10, c11);
+    if constexpr (R > 2) accumulate<V>(w2 + k, b0, b1, c20, c21);
+    if constexpr (R > 3) accumulate<V>(w3 + k, b0, b1, c30, c31);
   }
   // Row r's vectors into c[r][n...]: the last one masked when kMasked.
   auto store_row = [&](int r, __m256 first, __m256 second) FDNN_AVX2_FMA {
