@@ -236,14 +236,23 @@ def test_algorithm_8_without_bias_on_mixed_layouts(rng, name, x_shape, w_shape, 
 ACTIVATIONS = [None, "relu", ("leaky_relu", 0.2), ("clip", -0.5, 0.75)]
 
 
-@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
-@pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_alpha_beta_zero_does_not_read_the_nan_output(rng, layout, activation, with_bias):
+def _epilogue_case(rng, layout, with_bias):
+    """x (2, 4, 6, 6) in `layout`, w 4x4x3x3, and a bias or None: fresh random values."""
     x, w = draw(rng, (2, 4, 6, 6)), draw(rng, (4, 4, 3, 3))
     bias = draw(rng, (4,)) if with_bias else None
-    if layout == "channels_last":
-        x = channels_last(x)
+    return (channels_last(x) if layout == "channels_last" else x), w, bias
+
+
+EPILOGUE_CASES = pytest.mark.parametrize(
+    "layout, activation, with_bias",
+    [(layout, act, b) for layout in ("nchw", "channels_last") for act in ACTIVATIONS for b in (False, True)],
+    ids=str,
+)
+
+
+@EPILOGUE_CASES
+def test_alpha_beta_zero_does_not_read_the_nan_output(rng, layout, activation, with_bias):
+    x, w, bias = _epilogue_case(rng, layout, with_bias)
     expected = reference(x, w, bias, padding=1, alpha=0.75, activation=activation)
     y = poisoned(expected.shape, layout)
     plan = flux_dnn.conv_plan(x, w, bias, padding=1, alpha=0.75, activation=activation)
@@ -252,14 +261,9 @@ def test_alpha_beta_zero_does_not_read_the_nan_output(rng, layout, activation, w
     assert_matches(y, expected, 36)
 
 
-@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
-@pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
-@pytest.mark.parametrize("with_bias", [False, True])
+@EPILOGUE_CASES
 def test_alpha_beta_accumulates_into_a_prior_output(rng, layout, activation, with_bias):
-    x, w = draw(rng, (2, 4, 6, 6)), draw(rng, (4, 4, 3, 3))
-    bias = draw(rng, (4,)) if with_bias else None
-    if layout == "channels_last":
-        x = channels_last(x)
+    x, w, bias = _epilogue_case(rng, layout, with_bias)
     y = poisoned((2, 4, 6, 6), layout)
     y[...] = draw(rng, y.shape)
     expected = reference(x, w, bias, padding=1, alpha=-1.5, beta=0.5, y0=y.copy(), activation=activation)

@@ -122,12 +122,11 @@ void choose_padded_source(Im2colGemm& g) {
   }
 }
 
-// Wide mode reads the padded copy in place (Im2colGemm::taps) where the AVX2 kernels run:
-// row (c, k0, k1, k2) of the im2col matrix starts at that tap's offset in the copy.
-void choose_taps(Im2colGemm& g) {
-  g.taps = g.wide && g.avx2;
+// Where each row of the im2col matrix starts in the padded copy (Im2colGemm::tap_offsets):
+// im2col copies from there, and the padded-taps product reads there in place.
+void place_taps(Im2colGemm& g) {
   g.tap_offsets.clear();
-  if (!g.taps) return;
+  if (!g.padded_source) return;
   const int64_t p1 = g.span[1], p2 = g.span[2];
   for (int64_t c = 0; c < g.group_in; ++c)
     for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
@@ -182,7 +181,7 @@ void place_workspace(Im2colGemm& g) {
   };
   const int64_t columns = g.wide ? g.wide_pixels : g.pixels;
   g.col_offset = static_cast<size_t>(offset);
-  if (g.im2col && !g.taps) add(matrix_bytes(g.rows, columns));
+  if (g.im2col && !g.taps()) add(matrix_bytes(g.rows, columns));
   g.w_offset = static_cast<size_t>(offset);
   if (!g.w_matrix && !g.packed_w) add(matrix_bytes(g.groups * g.group_out, g.rows));
   g.stage_offset = static_cast<size_t>(offset);
@@ -258,30 +257,13 @@ FDNN_AVX2 inline __m256i first_lanes(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// One unit-stride run: 32 floats per step, then 16, 8, and a masked tail (masked-off lanes
-// are neither read nor written, so nothing past either run is touched). A run of 8 (a row
-// of a small x) is one move.
+// One unit-stride run: 8 floats per step, then a masked tail (masked-off lanes are neither
+// read nor written, so nothing past either run is touched). A run of exactly 8 (a row of a
+// small x, the common case here) is one move, without the loop's tests.
 FDNN_AVX2 inline void copy_run_avx2(const float* from, float* to, int64_t n) {
   if (n == 8) return _mm256_storeu_ps(to, _mm256_loadu_ps(from));
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m256 a = _mm256_loadu_ps(from + i), b = _mm256_loadu_ps(from + i + 8);
-    const __m256 c = _mm256_loadu_ps(from + i + 16), d = _mm256_loadu_ps(from + i + 24);
-    _mm256_storeu_ps(to + i, a);
-    _mm256_storeu_ps(to + i + 8, b);
-    _mm256_storeu_ps(to + i + 16, c);
-    _mm256_storeu_ps(to + i + 24, d);
-  }
-  if (i + 16 <= n) {
-    const __m256 a = _mm256_loadu_ps(from + i), b = _mm256_loadu_ps(from + i + 8);
-    _mm256_storeu_ps(to + i, a);
-    _mm256_storeu_ps(to + i + 8, b);
-    i += 16;
-  }
-  if (i + 8 <= n) {
-    _mm256_storeu_ps(to + i, _mm256_loadu_ps(from + i));
-    i += 8;
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(to + i, _mm256_loadu_ps(from + i));
   if (i < n) {
     const __m256i lanes = first_lanes(n - i);
     _mm256_maskstore_ps(to + i, lanes, _mm256_maskload_ps(from + i, lanes));
@@ -298,7 +280,7 @@ FDNN_AVX2 void copy_block_avx2(const float* from, int64_t from_row, int64_t from
 FDNN_AVX2 void scale_block_avx2(const float* from, int64_t from_row, float* to, int64_t to_row,
                                 int64_t rows, int64_t n, float alpha, float bias) {
   const __m256 a = _mm256_set1_ps(alpha), b = _mm256_set1_ps(bias);
-  if (n == 8) {  // rows of one vector (a small y)
+  if (n == 8) {  // rows of one vector (a small y), without the loop's tests
     for (int64_t r = 0; r < rows; ++r, from += from_row, to += to_row)
       _mm256_storeu_ps(to, _mm256_mul_ps(a, _mm256_add_ps(_mm256_loadu_ps(from), b)));
     return;
@@ -486,31 +468,22 @@ void pad_source(const Im2colGemm& g, const BlockKernels& k, const float* x, floa
 }
 
 // The R x P matrix of one (image, group) from its zero-padded block: every row a plain copy
-// (stride along dim 2 read every stride[2] elements), no bounds to test.
+// from its tap's offset (stride along dim 2 read every stride[2] elements), no bounds to test.
 void im2col_padded(const Im2colGemm& g, const BlockKernels& k, const float* source, float* col) {
-  const int64_t p1 = g.span[1], p2 = g.span[2];
   const int64_t out0 = g.out[0], out1 = g.out[1], run = g.out[2];
-  const int64_t step0 = g.stride[0] * p1 * p2, step1 = g.stride[1] * p2, step2 = g.stride[2];
-  for (int64_t c = 0; c < g.group_in; ++c)
-    for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
-      for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
-        for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
-          const float* tap = source + c * g.source_pitch + (k0 * g.dilation[0] * p1 + k1 * g.dilation[1]) * p2 +
-                             k2 * g.dilation[2];
-          for (int64_t o0 = 0; o0 < out0; ++o0, col += out1 * run)
-            k.copy(tap + o0 * step0, step1, step2, col, run, out1, run);
-        }
+  const int64_t step0 = g.stride[0] * g.span[1] * g.span[2], step1 = g.stride[1] * g.span[2];
+  for (const int64_t tap : g.tap_offsets)
+    for (int64_t o0 = 0; o0 < out0; ++o0, col += out1 * run)
+      k.copy(source + tap + o0 * step0, step1, g.stride[2], col, run, out1, run);
 }
 
-// Wide mode's R x (out[1] * span[2]) matrix: each row one run of the padded copy, the tap's
-// block read from its first output on; the kernel[2] taps of one (c, k0, k1) are one block.
+// Wide mode's R x (out[1] * span[2]) matrix: each row the run of the padded copy that starts
+// at its tap's offset. The kernel[2] taps of one (c, k0, k1) are consecutive in tap_offsets,
+// dilation[2] apart: one block per (c, k0, k1).
 void im2col_wide(const Im2colGemm& g, const BlockKernels& k, const float* source, float* col) {
-  const int64_t p1 = g.span[1], p2 = g.span[2], run = g.wide_pixels, taps = g.kernel[2];
-  for (int64_t c = 0; c < g.group_in; ++c)
-    for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
-      for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1, col += taps * run)
-        k.copy(source + c * g.source_pitch + (k0 * g.dilation[0] * p1 + k1 * g.dilation[1]) * p2, g.dilation[2], 1,
-               col, run, taps, run);
+  const int64_t run = g.wide_pixels, taps = g.kernel[2];
+  for (size_t r = 0; r < g.tap_offsets.size(); r += static_cast<size_t>(taps), col += taps * run)
+    k.copy(source + g.tap_offsets[r], g.dilation[2], 1, col, run, taps, run);
 }
 
 // The K x R weights, dense, from the caller's strides.
@@ -594,11 +567,11 @@ inline float finish(const Im2colGemm& g, float product, float bias, float prior)
 void run_wide(const Im2colGemm& g, const BlockKernels& kernels, Matrix w, const float* source, float* col,
               const float* bias, float* y, float* stage) {
 #ifdef FDNN_ONEDNN_HAS_AVX2_KERNELS
-  if (g.taps)
+  if (g.taps())
     tap_product_avx2(TapOperands{w.data, w.ld, source, g.tap_offsets.data(), g.rows, stage, g.wide_pixels},
                      g.group_out, g.wide_pixels);
 #endif
-  if (!g.taps) {
+  if (!g.taps()) {
     im2col_wide(g, kernels, source, col);
     sgemm('N', 'N', g.group_out, g.wide_pixels, g.rows, 1.f, w, Matrix{col, 'N', g.wide_pixels}, 0.f, stage,
           g.wide_pixels);
@@ -662,7 +635,7 @@ const char* im2col_gemm_refusal(const FDNN_Conv_Plan_Create_Args& a) {
   }
 }
 
-const char* small_plan_name(const Im2colGemm& g) { return g.taps ? kTapsPlanName : kSgemmPlanName; }
+const char* small_plan_name(const Im2colGemm& g) { return g.taps() ? kTapsPlanName : kSgemmPlanName; }
 
 std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_Args& a) {
   auto g = std::make_shared<Im2colGemm>();
@@ -689,7 +662,7 @@ std::shared_ptr<const Im2colGemm> make_im2col_gemm(const FDNN_Conv_Plan_Create_A
   g->avx2 = avx2_kernels_usable();
   choose_x_operand(a, *g);
   choose_padded_source(*g);
-  choose_taps(*g);
+  place_taps(*g);
   choose_w_operand(*g);
   choose_output(*g);
   place_workspace(*g);

@@ -71,10 +71,8 @@ struct Im2colGemm {
   // discarded by the epilogue), so that each im2col row is one run of the padded copy.
   bool wide = false;
   int64_t wide_pixels = 0;  // out[1] * span[2]: the product's columns in wide mode
-  // Wide mode with the AVX2 kernels: the product reads the padded copy itself, row k of the
-  // im2col matrix being the run that starts tap_offsets[k] floats into it (tap_product), so
-  // neither im2col nor dnnl_sgemm runs. See README.md ("The small-problem path").
-  bool taps = false;
+  // Where row (c, k0, k1, k2) of the im2col matrix starts in the padded copy (padded_source
+  // only): that tap's first input, in floats from the copy's start.
   std::vector<int64_t> tap_offsets;
   char x_trans = 'N';
   int64_t x_ld = 0;
@@ -88,6 +86,10 @@ struct Im2colGemm {
   // The per-call copies and the plain epilogue run their AVX2 kernels (x86-64 where oneDNN's
   // effective instruction set includes AVX2), else the baseline ones; same results either way.
   bool avx2 = false;
+  // Wide mode with the AVX2 kernels: the product reads the padded copy itself, row k of the
+  // im2col matrix being the run at tap_offsets[k] (tap_product_avx2), so neither im2col nor
+  // dnnl_sgemm runs. See README.md ("The small-problem path").
+  bool taps() const { return wide && avx2; }
 
   float alpha = 1.f, beta = 0.f;
   int32_t activation = FDNN_ACTIVATION_NONE;
