@@ -307,7 +307,7 @@ constexpr BlockKernels kAvx2Kernels{copy_block_avx2, scale_block_avx2};
 // split, a buffer allocated per call: ~3.4k of its ~7k instructions on 1x4x8x8 / 4x4x3x3)
 // than in its kernel, and im2col copies every tap's run once more; this reads the runs where
 // they lie. Register blocks of R rows by V vectors of 8 columns, k innermost, one fused
-// multiply-add per term (as sgemm's kernels), the sum over k in ascending order.
+// multiply-add per term, the sum over k in ascending order.
 #define FDNN_AVX2_FMA __attribute__((target("avx2,fma")))
 
 struct TapOperands {
