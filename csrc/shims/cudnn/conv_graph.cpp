@@ -1,5 +1,7 @@
 #include "conv_graph.hpp"
 
+#include <cfloat>
+
 namespace fdnn_cudnn {
 namespace {
 
@@ -126,10 +128,18 @@ void set_activation(Desc* pw, const ConvProblem& p) {
   }
   pw->set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
   if (mode != CUDNN_POINTWISE_RELU_FWD) return;
+  // cudnn_graph.h: NAN_PROPAGATION is required for comparison-based modes such as ReLU,
+  // and only CUDNN_PROPAGATE_NAN is supported (the default is NOT_PROPAGATE): set it, as
+  // cudnn-frontend does for every ReLU (node/pointwise.h), so NaN stays NaN as in torch.
+  cudnnNanPropagation_t nan = CUDNN_PROPAGATE_NAN;
+  pw->set(CUDNN_ATTR_POINTWISE_NAN_PROPAGATION, CUDNN_TYPE_NAN_PROPOGATION, 1, &nan);
+  // Without a clip the upper bound is the largest float (the frontend's min(clip, FLT_MAX)
+  // under FLOAT math), never the attribute's default.
+  if (!clips) upper = static_cast<double>(FLT_MAX);
   // value < lower: lower + slope * (value - lower); value > upper: upper
   pw->set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lower);
   pw->set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, CUDNN_TYPE_DOUBLE, 1, &slope);
-  if (clips) pw->set(CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &upper);
+  pw->set(CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &upper);
 }
 
 // out = pointwise(in[, b]); the pointwise descriptor and the op go into `parts`.
@@ -157,7 +167,10 @@ DescPtr make_pointwise_op(const ConvProblem& p, bool is_bias_add, const Desc& in
 }  // namespace
 
 bool can_fuse_epilogue(const ConvProblem& p) {
-  return p.has_epilogue() && p.alpha == 1.0 && p.beta == 0.0 && !p.is_double();
+  // A repeated bias (stride 0) has no cuDNN tensor: cuDNN takes positive strides only.
+  bool bias_in_graph = !p.has_bias || p.bias_stride > 0;
+  return p.has_epilogue() && bias_in_graph && p.alpha == 1.0 && p.beta == 0.0 &&
+         !p.is_double();
 }
 
 ConvGraph build_fused_graph(const ConvProblem& p, cudnnHandle_t handle) {

@@ -243,17 +243,14 @@ struct Scratch {
   Scratch(const ConvProblem& p, size_t ws, cudaStream_t s, const FDNN_Device_Allocator* a)
       : x(p.x_logical.span_bytes, s, a), w(p.w_logical.span_bytes, s, a),
         y(p.y_logical.span_bytes, s, a),
-        bias(p.has_bias ? static_cast<size_t>(p.bias.dims[1] * p.bias_stride) * p.element_size
-                        : 0,
-             s, a),
+        bias(p.bias_span_bytes(), s, a),
         workspace(ws, s, a) {}
   Operands operands(bool binds_bias) const {
     return {x.get(), w.get(), y.get(), binds_bias ? bias.get() : nullptr, workspace.get()};
   }
   static size_t operand_bytes(const ConvProblem& p) {
     return p.x_logical.span_bytes + p.w_logical.span_bytes + p.y_logical.span_bytes +
-           (p.has_bias ? static_cast<size_t>(p.bias.dims[1] * p.bias_stride) * p.element_size
-                       : 0);
+           p.bias_span_bytes();
   }
 };
 

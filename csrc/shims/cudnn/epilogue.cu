@@ -29,7 +29,7 @@ template <class A>
 __device__ A activate(A v, int32_t kind, A a, A b) {
   const A half = A(0.5), one = A(1);
   switch (kind) {
-    case FDNN_ACTIVATION_RELU: return v > A(0) ? v : A(0);
+    case FDNN_ACTIVATION_RELU: return v < A(0) ? A(0) : v;  // NaN stays NaN, as in torch
     case FDNN_ACTIVATION_LEAKY_RELU: return v >= A(0) ? v : a * v;
     case FDNN_ACTIVATION_CLIP: return v < a ? a : (v > b ? b : v);
     case FDNN_ACTIVATION_SIGMOID: return one / (one + exp(-v));

@@ -179,12 +179,16 @@ void read_conv_params(const FDNN_Conv_Plan_Create_Args& a, ConvProblem* p) {
   }
 }
 
-// A bias as cuDNN broadcasts it: 1, K, 1, ... with the caller's stride along K.
+// A bias as cuDNN broadcasts it: 1, K, 1, ... with the caller's stride along K. The ABI
+// lets a read-only tensor repeat an element (stride 0: torch's b0.expand(K)); the epilogue
+// reads bias[k * 0] as it should, but cuDNN takes positive strides only, so such a bias is
+// never fused (can_fuse_epilogue) and its graph geometry is never built.
 void read_bias(const FDNN_Conv_Plan_Create_Args& a, ConvProblem* p) {
   if (!has_tensor(a.bias)) return;
   int64_t k = p->w_logical.shape[0];
   p->has_bias = true;
-  p->bias_stride = a.bias->strides[0] > 0 ? a.bias->strides[0] : 1;
+  p->bias_stride = k == 1 ? 1 : a.bias->strides[0];  // one element: any stride means 1
+  if (p->bias_stride <= 0) return;
   size_t dims = p->y.dims.size();
   p->bias.dims.assign(dims, 1);
   p->bias.dims[1] = k;

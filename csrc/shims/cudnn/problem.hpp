@@ -36,7 +36,7 @@ struct ConvProblem {
   LogicalTensor x_logical, w_logical, y_logical;
   std::vector<int64_t> stride, dilation, pad_lo, pad_hi;  // cuDNN spatial dims
   bool has_bias = false;
-  int64_t bias_stride = 1;  // elements between consecutive bias values
+  int64_t bias_stride = 1;  // elements between consecutive bias values; 0: one repeated
   double alpha = 1.0;
   double beta = 0.0;
   int32_t activation = FDNN_ACTIVATION_NONE;  // FDNN_ACTIVATION_*
@@ -55,6 +55,13 @@ struct ConvProblem {
   bool deterministic() const { return flags & FDNN_CONV_DETERMINISTIC; }
   bool reduced_precision_allowed() const { return flags & FDNN_CONV_ALLOW_REDUCED_PRECISION; }
   bool is_double() const { return dtype == CUDNN_DATA_DOUBLE; }
+  // Bytes from the bias's first element to one past its last (one element when repeated).
+  size_t bias_span_bytes() const {
+    if (!has_bias) return 0;
+    int64_t k = w_logical.shape[0];
+    int64_t step = bias_stride < 0 ? -bias_stride : bias_stride;
+    return static_cast<size_t>((k - 1) * step + 1) * element_size;
+  }
   bool has_epilogue() const {
     return op == FDNN_CONV_FORWARD && (has_bias || activation != FDNN_ACTIVATION_NONE);
   }
