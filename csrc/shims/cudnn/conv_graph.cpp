@@ -1,9 +1,35 @@
 #include "conv_graph.hpp"
 
 #include <cfloat>
+#include <string>
 
 namespace fdnn_cudnn {
 namespace {
+
+using fdnn_shim::fail;
+
+// Whether a status from building the graph means "cuDNN cannot do this" rather than a fault:
+// arguments that passed check_conv_problem are valid, so cuDNN's NOT_SUPPORTED family and
+// its plain parameter refusals (a graph it does not take: cudnn_graph.h says the conv op
+// assumes each group packed, else BAD_PARAM, and the graph finalize is NOT_SUPPORTED for an
+// unsupported combination) are this vendor's limits, which the caller may pass on.
+bool is_refusal(cudnnStatus_t status) {
+  int code = static_cast<int>(status);
+  return (code >= 3000 && code < 4000) || status == CUDNN_STATUS_BAD_PARAM ||
+         status == CUDNN_STATUS_BAD_PARAM_OUT_OF_BOUND ||
+         status == CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH;
+}
+
+// Finalizes a part of the graph: UNSUPPORTED with cuDNN's text when cuDNN refuses it (the
+// plan then tries the staged problem, or the caller another shim), VENDOR for a fault.
+void finalize_part(Desc* d, const char* what) {
+  cudnnStatus_t status = d->try_finalize();
+  if (status == CUDNN_STATUS_SUCCESS) return;
+  if (is_refusal(status))
+    fail(FDNN_ERROR_UNSUPPORTED, "cudnn: cuDNN refuses the %s of this convolution: %s", what,
+         cudnn_status_text(status).c_str());
+  fail_cudnn(status, (std::string("cudnnBackendFinalize(") + what + ")").c_str());
+}
 
 DescPtr make_tensor(int64_t uid, const Geometry& g, const ConvProblem& p) {
   DescPtr t = make_desc(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
@@ -11,8 +37,8 @@ DescPtr make_tensor(int64_t uid, const Geometry& g, const ConvProblem& p) {
   t->set_int64s(CUDNN_ATTR_TENSOR_DIMENSIONS, g.dims);
   t->set_int64s(CUDNN_ATTR_TENSOR_STRIDES, g.strides);
   t->set_int64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
-  t->set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, p.alignment);
-  t->finalize("tensor");
+  t->set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, g.alignment);
+  finalize_part(t.get(), "tensor");
   return t;
 }
 
@@ -24,9 +50,9 @@ DescPtr make_virtual(int64_t uid, const Geometry& g, const ConvProblem& p) {
   t->set_int64s(CUDNN_ATTR_TENSOR_DIMENSIONS, g.dims);
   t->set_int64s(CUDNN_ATTR_TENSOR_STRIDES, g.strides);
   t->set_int64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
-  t->set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, p.alignment);
+  t->set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, g.alignment);
   t->set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
-  t->finalize("virtual tensor");
+  finalize_part(t.get(), "virtual tensor");
   return t;
 }
 
@@ -40,7 +66,7 @@ DescPtr make_conv_desc(const ConvProblem& p) {
   c->set_int64s(CUDNN_ATTR_CONVOLUTION_DILATIONS, p.dilation);
   c->set_int64s(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, p.pad_lo);
   c->set_int64s(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, p.pad_hi);
-  c->finalize("convolution");
+  finalize_part(c.get(), "convolution");
   return c;
 }
 
@@ -90,7 +116,7 @@ DescPtr make_conv_op(const ConvProblem& p, const Desc& x, const Desc& w, const D
   op->set_desc(names.conv, conv);
   op->set_scale(names.alpha, scales.alpha, p.is_double());
   op->set_scale(names.beta, scales.beta, p.is_double());
-  op->finalize("convolution operation");
+  finalize_part(op.get(), "convolution operation");
   return op;
 }
 
@@ -101,7 +127,7 @@ DescPtr make_graph(const std::vector<DescPtr>& ops, cudnnHandle_t handle) {
   graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
              static_cast<int64_t>(raw.size()), raw.data());
   graph->set_handle(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle);
-  graph->finalize("operation graph");
+  finalize_part(graph.get(), "operation graph");
   return graph;
 }
 
@@ -153,13 +179,13 @@ DescPtr make_pointwise_op(const ConvProblem& p, bool is_bias_add, const Desc& in
     set_activation(pw.get(), p);
   }
   pw->set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, p.compute);
-  pw->finalize("pointwise");
+  finalize_part(pw.get(), "pointwise");
   DescPtr op = make_desc(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
   op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw);
   op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, in);
   if (b != nullptr) op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
   op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, out);
-  op->finalize("pointwise operation");
+  finalize_part(op.get(), "pointwise operation");
   parts->push_back(pw);
   return op;
 }
@@ -178,17 +204,17 @@ ConvGraph build_fused_graph(const ConvProblem& p, cudnnHandle_t handle) {
   g.fused = true;
   g.binds_bias = p.has_bias;
   bool act = p.activation != FDNN_ACTIVATION_NONE;
-  DescPtr x = make_tensor(kUidX, p.x, p);
-  DescPtr w = make_tensor(kUidW, p.w, p);
-  DescPtr y = make_tensor(kUidY, p.y, p);
+  DescPtr x = make_tensor(kUidX, p.x.cudnn, p);
+  DescPtr w = make_tensor(kUidW, p.w.cudnn, p);
+  DescPtr y = make_tensor(kUidY, p.y.cudnn, p);
   DescPtr conv = make_conv_desc(p);
-  DescPtr conv_out = make_virtual(kUidVirtual, p.y, p);
+  DescPtr conv_out = make_virtual(kUidVirtual, p.y.cudnn, p);
   g.parts = {x, w, y, conv, conv_out};
   std::vector<DescPtr> ops{make_conv_op(p, *x, *w, *conv_out, *conv, ConvScales{})};
   DescPtr current = conv_out;
   if (p.has_bias) {
     DescPtr bias = make_tensor(kUidBias, p.bias, p);
-    DescPtr biased = act ? make_virtual(kUidVirtual + 1, p.y, p) : y;
+    DescPtr biased = act ? make_virtual(kUidVirtual + 1, p.y.cudnn, p) : y;
     ops.push_back(make_pointwise_op(p, true, *current, bias.get(), *biased, &g.parts));
     g.parts.insert(g.parts.end(), {bias, biased});
     current = biased;
@@ -201,9 +227,9 @@ ConvGraph build_fused_graph(const ConvProblem& p, cudnnHandle_t handle) {
 
 ConvGraph build_conv_graph(const ConvProblem& p, ConvScales scales, cudnnHandle_t handle) {
   ConvGraph g;
-  DescPtr x = make_tensor(kUidX, p.x, p);
-  DescPtr w = make_tensor(kUidW, p.w, p);
-  DescPtr y = make_tensor(kUidY, p.y, p);
+  DescPtr x = make_tensor(kUidX, p.x.cudnn, p);
+  DescPtr w = make_tensor(kUidW, p.w.cudnn, p);
+  DescPtr y = make_tensor(kUidY, p.y.cudnn, p);
   DescPtr conv = make_conv_desc(p);
   DescPtr op = make_conv_op(p, *x, *w, *y, *conv, scales);
   g.graph = make_graph({op}, handle);

@@ -1,7 +1,10 @@
 // The cuDNN operation graph of one convolution (graph API): tensors x, w, y with their
-// real strides, a convolution descriptor with pre- and post-paddings (asymmetric padding
-// is native here, which the legacy cudnnConvolution* API cannot express), and one
-// forward / backward-data / backward-filter operation.
+// real strides (or the compact copies of staged ones), each with its own alignment, a
+// convolution descriptor with pre- and post-paddings (asymmetric padding can be expressed
+// here, which the legacy cudnnConvolution* API cannot, though cuDNN may have no engine for
+// it: the plan then pads a copy), and one forward / backward-data / backward-filter
+// operation. cuDNN refusing a part of the graph (NOT_SUPPORTED, BAD_PARAM) is
+// Failure(UNSUPPORTED) with cuDNN's text; other failures are Failure(VENDOR).
 #pragma once
 
 #include <vector>

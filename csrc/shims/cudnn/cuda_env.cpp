@@ -6,6 +6,7 @@
 #include <mutex>
 #include <utility>
 
+#include "epilogue.hpp"
 #include "shim_common.hpp"
 
 namespace fdnn_cudnn {
@@ -145,10 +146,10 @@ DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream, const FDNN_Device_
   } else {
     check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (benchmark scratch)");
   }
-  cudaError_t status = cudaMemsetAsync(ptr_, 0, bytes, stream);
+  cudaError_t status = launch_fill_pattern(ptr_, bytes, stream);
   if (status != cudaSuccess) {
     release();
-    check_cuda(status, "cudaMemsetAsync (benchmark scratch)");
+    check_cuda(status, "launch of the benchmark scratch fill");
   }
 }
 

@@ -43,7 +43,8 @@ class DeviceGuard {
   void* saved_context_ = nullptr;  // CUcontext
 };
 
-// Device memory owned for a scope (benchmark scratch), zero-filled, allocated and freed in
+// Device memory owned for a scope (benchmark scratch), filled with small finite non-zero
+// values (launch_fill_pattern: zeros flatter some engines' timings), allocated and freed in
 // `stream`'s order: from the caller's allocator when it chained one (ABI 2.2, the array
 // library's pool), else cudaMallocAsync (no device-wide synchronisation as cudaMalloc/cudaFree
 // have). Throws Failure(OUT_OF_MEMORY) when the allocator or the device refuses.

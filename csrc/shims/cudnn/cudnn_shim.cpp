@@ -4,11 +4,12 @@
 // activation fused into the graph when cuDNN can), chosen once at plan time (heuristic,
 // benchmark or given id); executing it binds this call's pointers in a variant pack and
 // launches on the caller's stream. What the graph does not take (bias, activation, beta
-// around an unfused convolution; the bias gradient of backward-weight) our own kernels do
-// (epilogue.cu). See README.md for the choices.
+// around an unfused convolution; the bias gradient of backward-weight; operands cuDNN
+// refuses as they are, copied compactly through the workspace, x zero-padded where the
+// padding differs before and after) our own kernels do (epilogue.cu). See README.md for the
+// choices.
 #include <cudnn_version.h>
 
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,19 +30,14 @@ using fdnn_shim::Failure;
 using namespace fdnn_cudnn;
 
 struct FDNN_Plan {
-  ConvProblem problem;
+  ConvProblem problem;  // as given, or staged (stage_for_fallback) when cuDNN refused that
   ConvGraph graph;
-  KernelCache kernel_cache;  // of `graph`: other threads' plans compile nothing again
   Selected selected;
-  // The caller's workspace: [cuDNN's, then (once the convolution is done) the bias
-  // gradient's partial sums | conv result, when the epilogue needs y_old | w in x's memory
-  // order, when the caller's w is in another].
-  size_t bias_grad_scratch = 0;  // bytes of partial sums at offset 0
-  size_t scratch_offset = 0;
-  size_t w_stage_offset = 0;
-  size_t workspace_size = 0;
+  WorkspaceLayout layout;  // of the caller's workspace (workspace.hpp)
   EpilogueParams epilogue;
-  StridedCopy w_to_stage, stage_to_w;
+  // Of the staged operands, in the graph's x, w, y roles: into the workspace before the
+  // convolution (what it reads), out of it after (what it writes).
+  StridedCopy copy_in[kRoles], copy_out[kRoles];
   // One cuDNN execution plan per handle (so per thread): cuDNN plans must not be shared
   // between threads. Built on first use from the chosen engine configuration.
   mutable std::mutex plans_mutex;
@@ -49,7 +45,6 @@ struct FDNN_Plan {
 };
 
 namespace {
-
 
 #define FDNN_STR2(x) #x
 #define FDNN_STR(x) FDNN_STR2(x)
@@ -105,8 +100,17 @@ void with_problem(const std::string& description, Body&& body) {
   }
 }
 
-bool beta_in_conv(const ConvProblem& p) {
-  return !p.has_epilogue() || p.activation == FDNN_ACTIVATION_NONE;
+constexpr Role kEveryRole[] = {Role::kX, Role::kW, Role::kY};
+
+// Where beta (out = ... + beta * out_old) is applied: cuDNN's own scaling; our epilogue, after
+// the activation; or the copy-out of a staged output (cuDNN and the epilogue then write the
+// compact copy with beta 0).
+enum class BetaBy { kConv, kEpilogue, kCopyOut };
+
+BetaBy beta_by(const ConvProblem& p) {
+  if (p.output().staged) return BetaBy::kCopyOut;
+  if (p.has_epilogue() && p.activation != FDNN_ACTIVATION_NONE) return BetaBy::kEpilogue;
+  return BetaBy::kConv;
 }
 
 ElementType element_type(cudnnDataType_t t) {
@@ -118,82 +122,79 @@ ElementType element_type(cudnnDataType_t t) {
   }
 }
 
+StridedTensor strided(const LogicalTensor& t) {
+  StridedTensor s;
+  s.ndim = static_cast<int>(t.shape.size());
+  for (int d = 0; d < s.ndim; ++d) {
+    s.shape[d] = t.shape[static_cast<size_t>(d)];
+    s.strides[d] = t.strides[static_cast<size_t>(d)];
+  }
+  return s;
+}
+
+// The forward epilogue runs on y as the convolution wrote it (the compact copy of a staged
+// y); the bias gradient reads the caller's dy.
 EpilogueParams epilogue_params(const ConvProblem& p) {
   EpilogueParams e;
+  bool forward = p.op == FDNN_CONV_FORWARD;
   e.type = element_type(p.dtype);
-  e.y.ndim = static_cast<int>(p.y_logical.shape.size());
-  for (int d = 0; d < e.y.ndim; ++d) {
-    e.y.shape[d] = p.y_logical.shape[static_cast<size_t>(d)];
-    e.y.strides[d] = p.y_logical.strides[static_cast<size_t>(d)];
-  }
+  e.y = strided(forward ? p.y.seen() : p.y.user);
   e.bias_stride = p.bias_stride;
   e.alpha = p.alpha;
-  e.beta = beta_in_conv(p) && p.op == FDNN_CONV_FORWARD ? 0.0 : p.beta;
+  e.beta = !forward || beta_by(p) == BetaBy::kEpilogue ? p.beta : 0.0;
   e.activation = p.activation;
   e.activation_alpha = p.activation_alpha;
   e.activation_beta = p.activation_beta;
   return e;
 }
 
-size_t compact_bytes(const LogicalTensor& t, size_t element_size) {
-  size_t n = element_size;
-  for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-  return n;
-}
-
-StridedCopy copy_between(const LogicalTensor& from, const LogicalTensor& to,
-                         size_t element_size) {
+// dst's element i is src's at i - lead (zero outside src), blended with beta.
+StridedCopy copy_between(const LogicalTensor& src, const LogicalTensor& dst,
+                         const std::vector<int64_t>& lead, bool negate_lead, double beta,
+                         ElementType type) {
   StridedCopy c;
-  c.element_size = static_cast<int>(element_size);
-  c.src.ndim = static_cast<int>(from.shape.size());
-  for (size_t d = 0; d < from.shape.size(); ++d) {
-    c.src.shape[d] = from.shape[d];
-    c.src.strides[d] = from.strides[d];
-    c.dst_strides[d] = to.strides[d];
-  }
+  c.type = type;
+  c.src = strided(src);
+  c.dst = strided(dst);
+  for (size_t d = 0; d < lead.size(); ++d) c.lead[d] = negate_lead ? -lead[d] : lead[d];
+  c.beta = beta;
   return c;
 }
 
-// With an activation in the epilogue, the convolution applies alpha only and beta belongs
-// to the epilogue (after the activation); otherwise cuDNN applies both (a bias alone is
-// then added in place: y = alpha * conv + beta * y_old, then + alpha * bias).
+// Scaling inside the cuDNN operation: alpha always (the epilogue adds alpha * bias after
+// it), beta only where cuDNN applies it.
 ConvScales conv_scales(const ConvProblem& p) {
-  if (beta_in_conv(p)) return {p.alpha, p.beta};
-  return {p.alpha, 0.0};
+  return {p.alpha, beta_by(p) == BetaBy::kConv ? p.beta : 0.0};
 }
 
 // Bytes of the caller's workspace the shim itself uses besides cuDNN's (workspace.hpp).
 ExtraWorkspace extra_workspace(const ConvProblem& p) {
   ExtraWorkspace e;
-  if (p.needs_conv_scratch()) e.conv_result = round_up(p.y_logical.span_bytes, kWorkspaceAlign);
-  if (p.stage_w) e.w_staged = round_up(compact_bytes(p.w_logical, p.element_size), kWorkspaceAlign);
+  if (p.needs_conv_scratch()) e.conv_result = round_up(p.y.user.span_bytes, kWorkspaceAlign);
+  for (Role r : kEveryRole) {
+    const Operand& o = p.operand(r);
+    if (o.staged) e.staged[static_cast<int>(r)] = round_up(o.compact.span_bytes, kWorkspaceAlign);
+  }
   return e;
 }
 
 // Where the shim's own scratch does not fit the limit (the core's no-workspace fallback is
-// a limit of 0): w goes to cuDNN in its own memory order instead of a staged copy; the
-// conv result an activation with beta != 0 needs has no substitute.
+// a limit of 0): w goes to cuDNN in its own memory order instead of a staged copy. The conv
+// result an activation with beta != 0 needs, and the copies cuDNN cannot do without, have no
+// substitute.
 void fit_extra_workspace(ConvProblem* p, size_t limit) {
   if (extra_workspace(*p).total() <= limit) return;
-  if (p->stage_w) use_w_unstaged(p);
+  if (p->w.staged) use_w_unstaged(p);
   ExtraWorkspace extra = extra_workspace(*p);
-  if (extra.total() > limit)
-    fail(FDNN_ERROR_UNSUPPORTED, "cudnn: needs %zu bytes of workspace for the conv result "
-         "that the activation with beta != 0 reads before y is overwritten, over the limit "
-         "of %zu", extra.total(), limit);
-}
-
-// Everything a graph is built from (read_problem's translation of the arguments is a
-// function of them): the key of its kernel cache. The description names the op, every
-// tensor's shape, strides and dtype and the convolution parameters.
-std::string graph_key(const ConvProblem& p, bool fused) {
-  char more[256];
-  std::snprintf(more, sizeof more, "|dev%d fused%d stage%d act%d %.17g %.17g %.9g %.9g align%lld "
-                "compute%d", p.device, fused ? 1 : 0, p.stage_w ? 1 : 0,
-                static_cast<int>(p.activation), p.alpha, p.beta,
-                static_cast<double>(p.activation_alpha), static_cast<double>(p.activation_beta),
-                static_cast<long long>(p.alignment), static_cast<int>(p.compute));
-  return p.description + more;
+  if (extra.total() <= limit) return;
+  std::string parts = staging_text(*p);
+  if (extra.conv_result > 0)
+    parts = "the conv result that the activation with beta != 0 reads before y is "
+            "overwritten" + (parts.empty() ? "" : "; copies of " + parts);
+  else
+    parts = "copies of " + parts;
+  fail(FDNN_ERROR_UNSUPPORTED, "cudnn: needs %zu bytes of workspace for %s, over the limit "
+       "of %zu", extra.total(), parts.c_str(), limit);
 }
 
 // Bias and activation inside cuDNN's graph, when cuDNN has an engine for that under the
@@ -205,10 +206,8 @@ bool try_fused_graph(FDNN_Plan* plan, const EngineRequest& request, cudnnHandle_
   if (!can_fuse_epilogue(p) || (given && !algo_id_is_fused(request.given_id))) return false;
   try {
     ConvGraph fused = build_fused_graph(p, handle);
-    KernelCache cache = shared_kernel_cache(fused, graph_key(p, true));
-    plan->selected = select_engine(p, fused, request, cache, handle);
+    plan->selected = select_engine(p, fused, request, handle);
     plan->graph = std::move(fused);
-    plan->kernel_cache = std::move(cache);
     return true;
   } catch (const Failure&) {
     if (given) throw;  // the id named a fused engine that is not there
@@ -226,10 +225,8 @@ void choose_unfused(FDNN_Plan* plan, const EngineRequest& request, cudnnHandle_t
     };
   }
   ConvGraph graph = build_conv_graph(p, conv_scales(p), handle);
-  KernelCache cache = shared_kernel_cache(graph, graph_key(p, false));
-  plan->selected = select_engine(p, graph, timed, cache, handle);
+  plan->selected = select_engine(p, graph, timed, handle);
   plan->graph = std::move(graph);
-  plan->kernel_cache = std::move(cache);
 }
 
 // Benchmark with a fusable epilogue: the fused graph and conv + our epilogue are both timed
@@ -238,7 +235,6 @@ void choose_timed_against_unfused(FDNN_Plan* plan, const EngineRequest& request,
                                   cudnnHandle_t handle) {
   Selected fused = plan->selected;
   ConvGraph fused_graph = std::move(plan->graph);
-  KernelCache fused_cache = std::move(plan->kernel_cache);
   try {
     choose_unfused(plan, request, handle);
   } catch (const Failure&) {
@@ -250,28 +246,58 @@ void choose_timed_against_unfused(FDNN_Plan* plan, const EngineRequest& request,
   if (unfused_faster) return;
   plan->selected = std::move(fused);
   plan->graph = std::move(fused_graph);
-  plan->kernel_cache = std::move(fused_cache);
 }
 
-void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
-  ConvProblem& p = plan->problem;
-  size_t limit = args.workspace_limit;
+// Chooses an engine for `p` (the problem as given, or staged), within the workspace limit.
+void plan_problem(FDNN_Plan* plan, ConvProblem p, EngineRequest request, size_t limit,
+                  cudnnHandle_t handle) {
   fit_extra_workspace(&p, limit);
-  DeviceGuard guard(p.device);
-  EngineRequest request;
-  request.policy = args.algo_policy;
-  request.given_id = args.algo_id;
   request.workspace_budget = shared_budget(limit, extra_workspace(p));
-  request.stream = static_cast<cudaStream_t>(args.stream);
-  request.allocator = reinterpret_cast<const FDNN_Device_Allocator*>(fdnn_shim::find_extension(
-      args.extension_start, FDNN_EXTENSION_DEVICE_ALLOCATOR, FDNN_Device_Allocator_STRUCT_SIZE,
-      "Conv_Plan_Create"));
-  cudnnHandle_t handle = thread_handle(p.device, request.stream);
+  plan->problem = std::move(p);
   if (try_fused_graph(plan, request, handle)) {
     if (request.policy == FDNN_ALGO_BENCHMARK)
       choose_timed_against_unfused(plan, request, handle);
   } else {
     choose_unfused(plan, request, handle);
+  }
+  if (!plan->problem.fallback) return;
+  plan->selected.algo_id |= kAlgoIdStaged;
+  plan->selected.name += " + in the workspace: " + staging_text(plan->problem);
+}
+
+// The problem as given first; only when cuDNN refuses it (no engine, or a graph it does not
+// take), the staged problem: copies cost time and workspace, and cuDNN serves most strides
+// and asymmetric paddings itself. Straight to the staged one when cuDNN cannot be given the
+// operands as they are, or when a given id came from it.
+void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
+  const ConvProblem given = plan->problem;
+  ConvProblem staged = given;
+  bool can_stage = stage_for_fallback(&staged);
+  DeviceGuard guard(given.device);
+  EngineRequest request;
+  request.policy = args.algo_policy;
+  request.given_id = args.algo_id;
+  request.stream = static_cast<cudaStream_t>(args.stream);
+  request.allocator = reinterpret_cast<const FDNN_Device_Allocator*>(fdnn_shim::find_extension(
+      args.extension_start, FDNN_EXTENSION_DEVICE_ALLOCATOR, FDNN_Device_Allocator_STRUCT_SIZE,
+      "Conv_Plan_Create"));
+  size_t limit = args.workspace_limit;
+  cudnnHandle_t handle = thread_handle(given.device, request.stream);
+  bool given_id = request.policy == FDNN_ALGO_GIVEN;
+  if (!cudnn_can_take(given) || (given_id && algo_id_is_staged(request.given_id))) {
+    plan_problem(plan, staged, request, limit, handle);
+  } else {
+    try {
+      plan_problem(plan, given, request, limit, handle);
+    } catch (const Failure& refused) {
+      if (refused.code() != FDNN_ERROR_UNSUPPORTED || !can_stage || given_id) throw;
+      try {
+        plan_problem(plan, staged, request, limit, handle);
+      } catch (const Failure& too) {
+        throw Failure(too.code(), std::string(too.what()) + " (with copies in the workspace; "
+                                  "as given: " + refused.what() + ")");
+      }
+    }
   }
   plan->plan_by_handle[handle] = plan->selected.plan;
 }
@@ -281,19 +307,22 @@ void choose_engine(FDNN_Plan* plan, const FDNN_Conv_Plan_Create_Args& args) {
 void lay_out_workspace(FDNN_Plan* plan, size_t limit) {
   const ConvProblem& p = plan->problem;
   bool bias_gradient = p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias;
-  WorkspaceLayout l =
+  plan->layout =
       lay_out(limit, plan->selected.workspace,
               bias_gradient ? bias_gradient_scratch_bytes(plan->epilogue) : 0, extra_workspace(p));
-  if (l.total > limit)
+  if (plan->layout.total > limit)
     fail(FDNN_ERROR_INTERNAL, "cudnn: laid out %zu bytes of workspace, over the limit of %zu",
-         l.total, limit);
-  plan->bias_grad_scratch = l.bias_grad;
-  plan->scratch_offset = l.scratch_offset;
-  plan->w_stage_offset = l.w_stage_offset;
-  plan->workspace_size = l.total;
-  if (p.stage_w) {
-    plan->w_to_stage = copy_between(p.w_logical, p.w_staged, p.element_size);
-    plan->stage_to_w = copy_between(p.w_staged, p.w_logical, p.element_size);
+         plan->layout.total, limit);
+  ElementType type = element_type(p.dtype);
+  double out_beta = beta_by(p) == BetaBy::kCopyOut ? p.beta : 0.0;
+  for (Role r : kEveryRole) {
+    const Operand& o = p.operand(r);
+    if (!o.staged) continue;
+    int i = static_cast<int>(r);
+    if (r == p.output_role())  // cropped out of the padded copy where it is one
+      plan->copy_out[i] = copy_between(o.compact, o.user, o.lead, true, out_beta, type);
+    else
+      plan->copy_in[i] = copy_between(o.user, o.compact, o.lead, false, 0.0, type);
   }
 }
 
@@ -314,63 +343,91 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
     plan->epilogue = epilogue_params(plan->problem);
     lay_out_workspace(plan.get(), args->workspace_limit);
   });
-  args->workspace_size = plan->workspace_size;
+  args->workspace_size = plan->layout.total;
   args->chosen_algo_id = plan->selected.algo_id;
   args->algo_name = plan->selected.name.c_str();
   args->plan = plan.release();
 }
 
-void check_alignment(const FDNN_Plan& plan, const void* ptr, const char* name) {
-  if (reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(plan.problem.alignment) != 0)
+void check_alignment(const void* ptr, int64_t alignment, const char* name) {
+  if (reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(alignment) != 0)
     fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: %s at %p is not %lld-byte aligned as the plan "
          "assumed (plan with the real data pointers to allow less)", name, ptr,
-         static_cast<long long>(plan.problem.alignment));
+         static_cast<long long>(alignment));
 }
 
-// The header's rules (shared), then the alignment this plan assumed of the data.
+// The header's rules (shared), then the alignment this plan assumed of each pointer cuDNN
+// reads or writes in place (a staged operand is read or written by our copy, which needs
+// only the element alignment the shared check makes).
 void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a) {
   const FDNN_Plan& plan = *a.plan;
-  fdnn_shim::check_execute_args(a, plan.problem.element_size, plan.workspace_size,
-                                {true, true, true, plan.problem.has_bias});
-  check_alignment(plan, a.x, "x");
-  check_alignment(plan, a.w, "w");
-  check_alignment(plan, a.y, "y");
-  if (plan.graph.binds_bias) check_alignment(plan, a.bias, "bias");
+  const ConvProblem& p = plan.problem;
+  fdnn_shim::check_execute_args(a, p.element_size, plan.layout.total,
+                                {true, true, true, p.has_bias});
+  const struct {
+    const Operand& operand;
+    const void* pointer;
+    const char* name;
+  } operands[] = {{p.x, a.x, "x"}, {p.w, a.w, "w"}, {p.y, a.y, "y"}};
+  for (const auto& o : operands)
+    if (!o.operand.staged) check_alignment(o.pointer, o.operand.user_alignment, o.name);
+  if (plan.graph.binds_bias) check_alignment(a.bias, p.bias.alignment, "bias");
 }
 
-void run_epilogue(const FDNN_Plan& plan, const FDNN_Conv_Plan_Execute_Args& a,
+// The caller's x, w, y and, for each staged one, its copy in the workspace.
+struct Pointers {
+  void* user[kRoles];
+  void* seen[kRoles];  // what the convolution reads or writes
+};
+
+// Copies the staged operands the convolution reads into the workspace.
+Pointers stage_in(const FDNN_Plan& plan, const FDNN_Conv_Plan_Execute_Args& a,
+                  cudaStream_t stream) {
+  const ConvProblem& p = plan.problem;
+  Pointers ptr{{a.x, a.w, a.y}, {a.x, a.w, a.y}};
+  for (Role r : kEveryRole) {
+    int i = static_cast<int>(r);
+    if (!p.operand(r).staged) continue;
+    ptr.seen[i] = static_cast<char*>(a.workspace) + plan.layout.stage_offset[i];
+    if (r != p.output_role())
+      check_cuda(launch_strided_copy(plan.copy_in[i], ptr.user[i], ptr.seen[i], stream),
+                 "launch of a copy into the workspace");
+  }
+  return ptr;
+}
+
+// Copies a staged output out of the workspace into the caller's, applying beta.
+void stage_out(const FDNN_Plan& plan, const Pointers& ptr, cudaStream_t stream) {
+  Role r = plan.problem.output_role();
+  int i = static_cast<int>(r);
+  if (!plan.problem.operand(r).staged) return;
+  check_cuda(launch_strided_copy(plan.copy_out[i], ptr.seen[i], ptr.user[i], stream),
+             "launch of the copy out of the workspace");
+}
+
+// The forward epilogue on y as the convolution wrote it (`y`: the caller's or its staged
+// copy), before any copy-out.
+void run_epilogue(const FDNN_Plan& plan, const FDNN_Conv_Plan_Execute_Args& a, void* y,
                   void* conv_out, cudaStream_t stream) {
   const ConvProblem& p = plan.problem;
-  if (p.has_epilogue() && !plan.graph.fused)
-    check_cuda(launch_bias_activation(plan.epilogue, a.y, conv_out,
-                                      p.has_bias ? a.bias : nullptr, stream),
-               "launch of the bias/activation kernel");
-  if (p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias)
-    check_cuda(launch_bias_gradient(plan.epilogue, a.y, a.bias, a.workspace,
-                                    plan.bias_grad_scratch, stream),
-               "launch of the bias-gradient kernel");
+  if (!p.has_epilogue() || plan.graph.fused) return;
+  check_cuda(launch_bias_activation(plan.epilogue, y, conv_out, p.has_bias ? a.bias : nullptr,
+                                    stream),
+             "launch of the bias/activation kernel");
 }
 
-// The w cuDNN sees: the caller's, or its copy in x's memory order. A dw output is copied
-// in only when beta accumulates into it.
-void* stage_w_in(const FDNN_Plan& plan, void* w, char* workspace, cudaStream_t stream) {
+// db from the caller's dy; its partials overlap cuDNN's workspace, done with by now.
+void run_bias_gradient(const FDNN_Plan& plan, const FDNN_Conv_Plan_Execute_Args& a,
+                       cudaStream_t stream) {
   const ConvProblem& p = plan.problem;
-  if (!p.stage_w) return w;
-  void* staged = workspace + plan.w_stage_offset;
-  if (p.op != FDNN_CONV_BACKWARD_WEIGHT || p.beta != 0.0)
-    check_cuda(launch_strided_copy(plan.w_to_stage, w, staged, stream),
-               "launch of the w staging copy");
-  return staged;
-}
-
-void stage_w_out(const FDNN_Plan& plan, void* staged, void* w, cudaStream_t stream) {
-  if (!plan.problem.stage_w || plan.problem.op != FDNN_CONV_BACKWARD_WEIGHT) return;
-  check_cuda(launch_strided_copy(plan.stage_to_w, staged, w, stream),
-             "launch of the dw copy-out");
+  if (p.op != FDNN_CONV_BACKWARD_WEIGHT || !p.has_bias) return;
+  check_cuda(launch_bias_gradient(plan.epilogue, a.y, a.bias, a.workspace,
+                                  plan.layout.bias_grad, stream),
+             "launch of the bias-gradient kernel");
 }
 
 // This thread's execution plan. Made outside the lock: finalizing may compile kernels
-// (about a second without the kernel cache), and other threads must not wait for that.
+// (about a second for a runtime-compiled engine), and other threads must not wait for that.
 // Only this thread makes the plan of its own handle, so no two threads build the same one.
 const Desc& execution_plan(const FDNN_Plan& plan, cudnnHandle_t handle) {
   {
@@ -378,8 +435,7 @@ const Desc& execution_plan(const FDNN_Plan& plan, cudnnHandle_t handle) {
     auto found = plan.plan_by_handle.find(handle);
     if (found != plan.plan_by_handle.end()) return *found->second;
   }
-  DescPtr made = plan_for_handle(*plan.selected.config, plan.selected.runtime_compiled,
-                                 plan.kernel_cache, handle);
+  DescPtr made = plan_for_handle(*plan.selected.config, handle);
   if (static_cast<size_t>(made->get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)) >
       plan.selected.workspace)
     fail(FDNN_ERROR_INTERNAL, "cudnn: the engine wants more workspace on this thread "
@@ -394,21 +450,24 @@ void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
   fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE,
                                "Conv_Plan_Execute");
   const FDNN_Plan& plan = fdnn_shim::plan_of<FDNN_Plan>(args->plan, "Conv_Plan_Execute");
-  with_problem(plan.problem.description, [&] {
+  const ConvProblem& p = plan.problem;
+  with_problem(p.description, [&] {
     check_execute_args(*args);
-    DeviceGuard guard(plan.problem.device);
+    DeviceGuard guard(p.device);
     cudaStream_t stream = static_cast<cudaStream_t>(args->stream);
-    cudnnHandle_t handle = thread_handle(plan.problem.device, stream);
-    char* workspace = static_cast<char*>(args->workspace);
-    void* conv_out = args->y;
-    if (plan.problem.needs_conv_scratch()) conv_out = workspace + plan.scratch_offset;
-    void* w = stage_w_in(plan, args->w, workspace, stream);
-    Operands operands{args->x, w, conv_out, plan.graph.binds_bias ? args->bias : nullptr,
-                      args->workspace};
+    cudnnHandle_t handle = thread_handle(p.device, stream);
+    Pointers ptr = stage_in(plan, *args, stream);
+    void* y = ptr.seen[static_cast<int>(Role::kY)];
+    void* conv_out = p.needs_conv_scratch()
+                         ? static_cast<char*>(args->workspace) + plan.layout.scratch_offset
+                         : y;
+    Operands operands{ptr.seen[0], ptr.seen[1], conv_out,
+                      plan.graph.binds_bias ? args->bias : nullptr, args->workspace};
     cudnnStatus_t status = run_plan(handle, execution_plan(plan, handle), operands);
     if (status != CUDNN_STATUS_SUCCESS) fail_cudnn(status, "cudnnBackendExecute");
-    stage_w_out(plan, w, args->w, stream);
-    run_epilogue(plan, *args, conv_out, stream);
+    run_epilogue(plan, *args, y, conv_out, stream);
+    stage_out(plan, ptr, stream);
+    run_bias_gradient(plan, *args, stream);
   });
 }
 
@@ -469,6 +528,8 @@ fdnn_shim::Capabilities capabilities(int device, int32_t op, FDNN_DLDataType t) 
   c.detail = "cuDNN kernels";
   c.spatial_ranks = fdnn_shim::kRanks1To3;
   c.activations = fdnn_shim::activations_of_op(op, fdnn_shim::kEveryActivation);
+  // ASYMMETRIC_PADDING: the graph API's pre/post paddings are tried first; a padded copy
+  // only where cuDNN has no engine for them (stage_for_fallback).
   c.features = FDNN_FEATURE_GROUPS | FDNN_FEATURE_DILATION | FDNN_FEATURE_ALPHA_BETA |
                FDNN_FEATURE_ASYMMETRIC_PADDING | FDNN_FEATURE_DETERMINISTIC |
                FDNN_FEATURE_BENCHMARK;

@@ -1,7 +1,6 @@
 #include "engines.hpp"
 
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <set>
 
@@ -132,47 +131,21 @@ struct Built {
   size_t index = 0;
 };
 
-// An execution plan of `config` on `handle`, not yet finalized; with the kernel cache when
-// given one.
-DescPtr new_plan(const Desc& config, const Desc* cache, cudnnHandle_t handle) {
+// A finalized execution plan of `config` on `handle`, once: a refusal is the candidate's.
+cudnnStatus_t finalize_plan(const Desc& config, cudnnHandle_t handle, DescPtr* out) {
   DescPtr plan = make_desc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
   plan->set_handle(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
   plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
-  if (cache != nullptr) {
-    cudnnBackendDescriptor_t raw = cache->get();
-    cudnn().BackendSetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE,
-                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw);  // optional
-  }
-  return plan;
-}
-
-// A finalized plan of `config`: through the kernel cache for a runtime-compiled engine
-// (compiled once per graph, whichever thread asks first), and without it when cuDNN
-// refuses the cache, which only costs the compilation. Returns cuDNN's status.
-cudnnStatus_t finalize_plan(const Desc& config, bool runtime_compiled, const KernelCache& cache,
-                            cudnnHandle_t handle, DescPtr* out) {
-  const Desc* with = runtime_compiled ? cache.desc.get() : nullptr;
-  DescPtr plan = new_plan(config, with, handle);
-  cudnnStatus_t status;
-  if (with != nullptr) {
-    std::lock_guard<std::mutex> turn(*cache.mutex);
-    status = plan->try_finalize();
-  } else {
-    status = plan->try_finalize();
-  }
-  if (status != CUDNN_STATUS_SUCCESS && with != nullptr) {
-    plan = new_plan(config, nullptr, handle);
-    status = plan->try_finalize();
-  }
+  cudnnStatus_t status = plan->try_finalize();
   if (status == CUDNN_STATUS_SUCCESS) *out = std::move(plan);
   return status;
 }
 
 // Finalizes an execution plan for a candidate; on refusal returns nothing and says why.
-bool build_plan(const Candidate& c, const KernelCache& cache, cudnnHandle_t handle,
-                size_t budget, Built* out, std::string* why_not) {
+bool build_plan(const Candidate& c, cudnnHandle_t handle, size_t budget, Built* out,
+                std::string* why_not) {
   DescPtr plan;
-  cudnnStatus_t status = finalize_plan(*c.cfg, c.runtime_compiled, cache, handle, &plan);
+  cudnnStatus_t status = finalize_plan(*c.cfg, handle, &plan);
   if (status != CUDNN_STATUS_SUCCESS) {
     *why_not = c.label + ": " + cudnn_status_text(status);
     return false;
@@ -197,7 +170,6 @@ Selected to_selected(const std::vector<Candidate>& all, const Built& b, const ch
   s.keep = {c.cfg, c.engine};
   s.keep.insert(s.keep.end(), c.knobs.begin(), c.knobs.end());
   s.workspace = b.workspace;
-  s.runtime_compiled = c.runtime_compiled;
   s.algo_id = (static_cast<int64_t>(fused) << 40) | (c.global_index << 16) |
               static_cast<int64_t>(b.index);
   s.name = std::string("cudnn ") + (fused ? "fused conv+bias+act " : "") + c.label +
@@ -215,8 +187,8 @@ Selected to_selected(const std::vector<Candidate>& all, const Built& b, const ch
 // The plans that pass the flags and the budget, in cuDNN's order, at most `limit`, of which
 // at most `compiled_limit` need kernels compiled at run time (each costs about a second).
 std::vector<Built> usable_plans(const std::vector<Candidate>& all, const ConvProblem& p,
-                                const EngineRequest& r, const KernelCache& cache,
-                                cudnnHandle_t handle, size_t limit, size_t compiled_limit,
+                                const EngineRequest& r, cudnnHandle_t handle, size_t limit,
+                                size_t compiled_limit,
                                 std::string* last_refusal) {
   std::vector<Built> plans;
   size_t compiled = 0;
@@ -229,27 +201,28 @@ std::vector<Built> usable_plans(const std::vector<Candidate>& all, const ConvPro
     if (all[i].runtime_compiled && compiled++ >= compiled_limit) continue;
     Built b;
     b.index = i;
-    if (build_plan(all[i], cache, handle, r.workspace_budget, &b, last_refusal))
+    if (build_plan(all[i], handle, r.workspace_budget, &b, last_refusal))
       plans.push_back(b);
   }
   return plans;
 }
 
-// Zeroed stand-ins for the operands, to time candidates on. Stream-ordered allocations, from
+// Stand-ins for the operands as the graph sees them (a staged operand is the compact copy),
+// filled with small non-zero values, to time candidates on. Stream-ordered allocations, from
 // the caller's allocator when it gave one (the array library's pool), else cudaMallocAsync:
 // no device-wide synchronisation, and a refusal is an error code.
 struct Scratch {
   DeviceBuffer x, w, y, bias, workspace;
   Scratch(const ConvProblem& p, size_t ws, cudaStream_t s, const FDNN_Device_Allocator* a)
-      : x(p.x_logical.span_bytes, s, a), w(p.w_logical.span_bytes, s, a),
-        y(p.y_logical.span_bytes, s, a),
+      : x(p.x.seen().span_bytes, s, a), w(p.w.seen().span_bytes, s, a),
+        y(p.y.seen().span_bytes, s, a),
         bias(p.bias_span_bytes(), s, a),
         workspace(ws, s, a) {}
   Operands operands(bool binds_bias) const {
     return {x.get(), w.get(), y.get(), binds_bias ? bias.get() : nullptr, workspace.get()};
   }
   static size_t operand_bytes(const ConvProblem& p) {
-    return p.x_logical.span_bytes + p.w_logical.span_bytes + p.y_logical.span_bytes +
+    return p.x.seen().span_bytes + p.w.seen().span_bytes + p.y.seen().span_bytes +
            p.bias_span_bytes();
   }
 };
@@ -297,10 +270,10 @@ size_t benchmark_workspace_cap(const ConvProblem& p, size_t budget) {
 }
 
 Selected pick_heuristic(const std::vector<Candidate>& all, const ConvProblem& p,
-                        const ConvGraph& g, const EngineRequest& r, const KernelCache& cache,
-                        cudnnHandle_t handle, const char* how = "heuristic") {
+                        const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle,
+                        const char* how = "heuristic") {
   std::string last;
-  std::vector<Built> plans = usable_plans(all, p, r, cache, handle, 1, SIZE_MAX, &last);
+  std::vector<Built> plans = usable_plans(all, p, r, handle, 1, SIZE_MAX, &last);
   if (plans.empty()) no_engine(p, all.size(), last);
   return to_selected(all, plans[0], how, g.fused);
 }
@@ -309,16 +282,15 @@ Selected pick_heuristic(const std::vector<Candidate>& all, const ConvProblem& p,
 // Candidates whose workspace the device cannot spare now are not timed; when the scratch
 // cannot be had at all, the heuristic's choice is kept and the name says why.
 Selected pick_benchmark(const std::vector<Candidate>& all, const ConvProblem& p,
-                        const ConvGraph& g, const EngineRequest& r, const KernelCache& cache,
-                        cudnnHandle_t handle) {
+                        const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
   constexpr size_t kMaxTimed = 8, kMaxCompiled = 2;
   EngineRequest capped = r;
   capped.workspace_budget = benchmark_workspace_cap(p, r.workspace_budget);
   std::string last;
   std::vector<Built> plans =
-      usable_plans(all, p, capped, cache, handle, kMaxTimed, kMaxCompiled, &last);
+      usable_plans(all, p, capped, handle, kMaxTimed, kMaxCompiled, &last);
   if (plans.empty())
-    return pick_heuristic(all, p, g, r, cache, handle,
+    return pick_heuristic(all, p, g, r, handle,
                           "heuristic: no candidate's workspace fits free device memory");
   size_t ws = 0;
   for (const Built& b : plans) ws = std::max(ws, b.workspace);
@@ -328,7 +300,7 @@ Selected pick_benchmark(const std::vector<Candidate>& all, const ConvProblem& p,
   } catch (const fdnn_shim::Failure& f) {
     if (f.code() != FDNN_ERROR_OUT_OF_MEMORY) throw;
     cudaGetLastError();  // an allocation failure is not sticky; clear it
-    return pick_heuristic(all, p, g, r, cache, handle,
+    return pick_heuristic(all, p, g, r, handle,
                           "heuristic: out of device memory for the benchmark");
   }
   int best = -1;
@@ -349,8 +321,7 @@ Selected pick_benchmark(const std::vector<Candidate>& all, const ConvProblem& p,
 }
 
 Selected pick_given(const std::vector<Candidate>& all, const ConvProblem& p,
-                    const ConvGraph& g, const EngineRequest& r, const KernelCache& cache,
-                    cudnnHandle_t handle) {
+                    const ConvGraph& g, const EngineRequest& r, cudnnHandle_t handle) {
   int64_t index = r.given_id & 0xffff;
   int64_t engine = (r.given_id >> 16) & 0xffffff;
   if (r.given_id < 0 || algo_id_is_fused(r.given_id) != g.fused ||
@@ -368,7 +339,7 @@ Selected pick_given(const std::vector<Candidate>& all, const ConvProblem& p,
          p.description.c_str());
   Built b;
   b.index = static_cast<size_t>(index);
-  if (!build_plan(c, cache, handle, r.workspace_budget, &b, &why))
+  if (!build_plan(c, handle, r.workspace_budget, &b, &why))
     fail(FDNN_ERROR_UNSUPPORTED, "cudnn: algo id %lld cannot be used: %s [%s]",
          static_cast<long long>(r.given_id), why.c_str(), p.description.c_str());
   return to_selected(all, b, "given", g.fused);
@@ -376,70 +347,23 @@ Selected pick_given(const std::vector<Candidate>& all, const ConvProblem& p,
 
 }  // namespace
 
-namespace {
-
-KernelCache make_kernel_cache(const ConvGraph& g) {
-  KernelCache cache;
-  const CudnnLib& lib = cudnn();
-  size_t version = lib.GetVersion();
-  if (version < 90400) return cache;  // CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR is 9.4's
-  cudnnBackendDescriptor_t raw = nullptr;
-  if (lib.BackendCreateDescriptor(CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR, &raw) !=
-      CUDNN_STATUS_SUCCESS)
-    return cache;
-  lib.BackendDestroyDescriptor(raw);
-  DescPtr desc = make_desc(CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR);
-  if (version >= 90500) {  // the graph it serves: an attribute from 9.5 on
-    cudnnBackendDescriptor_t graph = g.graph->get();
-    if (lib.BackendSetAttribute(desc->get(), CUDNN_ATTR_KERNEL_CACHE_OPERATION_GRAPH,
-                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph) !=
-        CUDNN_STATUS_SUCCESS)
-      return cache;
-  }
-  if (desc->try_finalize() != CUDNN_STATUS_SUCCESS) return cache;
-  cache.desc = std::move(desc);
-  cache.keep = g.parts;
-  cache.keep.push_back(g.graph);
-  return cache;
-}
-
-}  // namespace
-
-KernelCache shared_kernel_cache(const ConvGraph& g, const std::string& key) {
-  constexpr size_t kMaxCaches = 512;  // distinct problems; beyond, each plan has its own
-  // Never destroyed: cuDNN's descriptors must not be freed during static destruction.
-  static std::mutex* registry_mutex = new std::mutex;
-  static auto* registry = new std::map<std::string, KernelCache>;
-  {
-    std::lock_guard<std::mutex> lock(*registry_mutex);
-    auto found = registry->find(key);
-    if (found != registry->end()) return found->second;
-  }
-  KernelCache made = make_kernel_cache(g);  // outside the lock
-  if (!made.desc) return made;
-  std::lock_guard<std::mutex> lock(*registry_mutex);
-  if (registry->size() >= kMaxCaches) return made;
-  return registry->emplace(key, std::move(made)).first->second;
-}
-
 Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineRequest& r,
-                       const KernelCache& cache, cudnnHandle_t handle) {
+                       cudnnHandle_t handle) {
   std::vector<Candidate> all = engine_candidates(g);
   switch (r.policy) {
-    case FDNN_ALGO_BENCHMARK: return pick_benchmark(all, p, g, r, cache, handle);
-    case FDNN_ALGO_GIVEN: return pick_given(all, p, g, r, cache, handle);
+    case FDNN_ALGO_BENCHMARK: return pick_benchmark(all, p, g, r, handle);
+    case FDNN_ALGO_GIVEN: return pick_given(all, p, g, r, handle);
     case FDNN_ALGO_HEURISTIC: break;
     default:
       fail(FDNN_ERROR_INVALID_ARGUMENT, "cudnn: unknown algo_policy %d",
            static_cast<int>(r.policy));
   }
-  return pick_heuristic(all, p, g, r, cache, handle);
+  return pick_heuristic(all, p, g, r, handle);
 }
 
-DescPtr plan_for_handle(const Desc& config, bool runtime_compiled, const KernelCache& cache,
-                        cudnnHandle_t handle) {
+DescPtr plan_for_handle(const Desc& config, cudnnHandle_t handle) {
   DescPtr plan;
-  cudnnStatus_t status = finalize_plan(config, runtime_compiled, cache, handle, &plan);
+  cudnnStatus_t status = finalize_plan(config, handle, &plan);
   if (status != CUDNN_STATUS_SUCCESS)
     fail_cudnn(status, "cudnnBackendFinalize(execution plan for another thread)");
   return plan;

@@ -3,14 +3,13 @@
 // precision) and workspace budget, picked by heuristic order, by timing (benchmark), or by
 // an id returned earlier (given). The id is stable for one cuDNN version, device and
 // problem: (fused graph << 40) | (engine global index << 16) | position in the candidate
-// list, so a stale id from another cuDNN is recognised instead of silently running
-// something else.
+// list (| 1 << 41 for the staged problem, set by the plan), so a stale id from another cuDNN
+// is recognised instead of silently running something else.
 #pragma once
 
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <string>
+#include <vector>
 
 #include "conv_graph.hpp"
 
@@ -46,38 +45,26 @@ struct Selected {
   size_t workspace = 0;
   int64_t algo_id = 0;
   std::string name;
-  bool runtime_compiled = false;  // its kernels are compiled at plan time (NVRTC)
   float benchmark_ms = -1.f;  // the median time of the chosen plan; < 0 when not timed
 };
 
-// Compiled kernels of runtime-compiled (NVRTC) engines for one graph, so that the plans of
-// other threads (and other candidates) of the same engine do not compile again. Empty
-// (no cache) where the runtime cuDNN has none (before 9.4) or refuses one. cuDNN does not
-// document the cache as safe for concurrent finalizations, so they take turns on its own
-// mutex (one graph's, never a global lock): the first compiles, the others then find it.
-struct KernelCache {
-  DescPtr desc;
-  std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
-  std::vector<DescPtr> keep;  // the graph it is bound to, and what that graph refers to
-};
-
-// The kernel cache of graphs like `g`: one per `key` in the process (a plan made again for
-// the same problem, e.g. under another workspace limit, finds the kernels compiled for the
-// first), `key` naming everything the graph is built from. Kept for the process's life.
-KernelCache shared_kernel_cache(const ConvGraph& g, const std::string& key);
-
 Selected select_engine(const ConvProblem& p, const ConvGraph& g, const EngineRequest& request,
-                       const KernelCache& cache, cudnnHandle_t handle);
+                       cudnnHandle_t handle);
 
 // Another execution plan of the same engine configuration, on another handle: cuDNN's
 // execution plans are not to be shared between threads (PyTorch keeps them thread-local
-// for this reason), so each handle gets its own. Runtime-compiled engines find their
-// kernels in `cache`.
-DescPtr plan_for_handle(const Desc& config, bool runtime_compiled, const KernelCache& cache,
-                        cudnnHandle_t handle);
+// for this reason), so each handle gets its own. A runtime-compiled engine compiles its
+// kernels again here: cuDNN's kernel cache serves only graphs with dynamic shapes
+// (cudnn_graph.h, CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR), which ours are not.
+DescPtr plan_for_handle(const Desc& config, cudnnHandle_t handle);
 
 // Whether an algo id came from a fused graph (see select_engine).
 inline bool algo_id_is_fused(int64_t id) { return id >= 0 && ((id >> 40) & 1) != 0; }
+
+// Bit 41 of an algo id: the engine runs the staged problem (stage_for_fallback), which the
+// plan then builds first.
+constexpr int64_t kAlgoIdStaged = int64_t(1) << 41;
+inline bool algo_id_is_staged(int64_t id) { return id >= 0 && (id & kAlgoIdStaged) != 0; }
 
 // Runs a finalized plan.
 cudnnStatus_t run_plan(cudnnHandle_t handle, const Desc& plan, const Operands& operands);

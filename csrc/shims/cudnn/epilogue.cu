@@ -282,8 +282,8 @@ __global__ void bias_grad_rows_kernel(EpilogueParams p, BiasGradShape s, const T
                                       typename Acc<T>::type* partial, T* db) {
   using A = typename Acc<T>::type;
   __shared__ A shared[kGradThreads];
-  int64_t k = int64_t(blockIdx.y) * kChannelsPerBlock + threadIdx.x;
-  int64_t chunk = blockIdx.x;
+  int64_t k = int64_t(blockIdx.x) * kChannelsPerBlock + threadIdx.x;
+  int64_t chunk = blockIdx.y;
   A sum = k < s.channels ? rows_thread_sum<T, Index>(s, dy, k, chunk, threadIdx.y) : A(0);
   sum = block_sum<A>(shared, sum, kChannelsPerBlock, threadIdx.x, kRows, threadIdx.y);
   if (threadIdx.y != 0 || k >= s.channels) return;
@@ -293,14 +293,14 @@ __global__ void bias_grad_rows_kernel(EpilogueParams p, BiasGradShape s, const T
     partial[chunk * s.channels + k] = sum;
 }
 
-// Channels-first: one channel per block row, threads along the inner (contiguous) dims.
+// Channels-first: one channel per block column, threads along the inner (contiguous) dims.
 template <class T, class Index>
 __global__ void bias_grad_inner_kernel(EpilogueParams p, BiasGradShape s, const T* dy,
                                        typename Acc<T>::type* partial, T* db) {
   using A = typename Acc<T>::type;
   __shared__ A shared[kGradThreads];
-  int64_t k = blockIdx.y;
-  int64_t chunk = blockIdx.x;
+  int64_t k = blockIdx.x;
+  int64_t chunk = blockIdx.y;
   A sum = inner_thread_sum<T, Index>(s, dy, k, chunk, threadIdx.x);
   sum = block_sum<A>(shared, sum, 1, 0, kGradThreads, threadIdx.x);
   if (threadIdx.x != 0) return;
@@ -315,29 +315,73 @@ template <class T>
 __global__ void bias_grad_finish_kernel(EpilogueParams p, BiasGradShape s,
                                         const typename Acc<T>::type* partial, T* db) {
   using A = typename Acc<T>::type;
-  int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= s.channels) return;
-  A sum = A(0);
-  for (int64_t c = 0; c < s.chunks; ++c) sum += partial[c * s.channels + k];
-  write_channel<T, A>(p, db, k, sum);
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;  // grid_for caps the blocks
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < s.channels; k += step) {
+    A sum = A(0);
+    for (int64_t c = 0; c < s.chunks; ++c) sum += partial[c * s.channels + k];
+    write_channel<T, A>(p, db, k, sum);
+  }
 }
 
-template <class Bits, class Index>
-__global__ void strided_copy_kernel(StridedCopy c, const Bits* src, Bits* dst, Index count) {
+// Where element `linear` of a copy's walk goes (*to) and comes from (*from), in elements;
+// false when it falls in the zero padding (nothing to read). Host-callable:
+// epilogue_selftest.cu checks it on the CPU.
+template <class Index>
+__host__ __device__ inline bool copy_offsets(const StridedCopy& c, Index linear, int64_t* to,
+                                             int64_t* from) {
+  bool inside = true;
+  int64_t t = 0, f = 0;
+  for (int d = c.dst.ndim - 1; d >= 0; --d) {
+    Index index = linear;  // the outermost dim takes what is left
+    if (d > 0) {
+      Index size = static_cast<Index>(c.dst.shape[d]);
+      index = linear % size;
+      linear /= size;
+    }
+    int64_t s = static_cast<int64_t>(index) - c.lead[d];
+    inside = inside && s >= 0 && s < c.src.shape[d];
+    t += static_cast<int64_t>(index) * c.dst.strides[d];
+    f += s * c.src.strides[d];
+  }
+  *to = t;
+  *from = f;
+  return inside;
+}
+
+template <class T, class Index>
+__global__ void strided_copy_kernel(StridedCopy c, const T* src, T* dst, Index count) {
+  using A = typename Acc<T>::type;
   const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += step) {
-    Index rest = i, from = 0, to = 0;
-    for (int d = c.src.ndim - 1; d > 0; --d) {
-      Index size = static_cast<Index>(c.src.shape[d]);
-      Index index = rest % size;
-      rest /= size;
-      from += index * static_cast<Index>(c.src.strides[d]);
-      to += index * static_cast<Index>(c.dst_strides[d]);
-    }
-    from += rest * static_cast<Index>(c.src.strides[0]);
-    to += rest * static_cast<Index>(c.dst_strides[0]);
-    dst[to] = src[from];
+    int64_t to = 0, from = 0;
+    T v = copy_offsets<Index>(c, i, &to, &from) ? src[from] : from_acc<T>(A(0));
+    if (c.beta != 0.0) v = from_acc<T>(to_acc(v) + A(c.beta) * to_acc(dst[to]));
+    dst[to] = v;
+  }
+}
+
+// The copy's dims ordered by dst stride, largest first (stable), so that consecutive
+// threads write consecutive addresses.
+StridedCopy in_dst_order(StridedCopy c) {
+  for (int i = 1; i < c.dst.ndim; ++i)
+    for (int j = i; j > 0 && c.dst.strides[j - 1] < c.dst.strides[j]; --j)
+      for (int64_t* v : {c.dst.shape, c.dst.strides, c.src.shape, c.src.strides, c.lead}) {
+        int64_t swap = v[j];
+        v[j] = v[j - 1];
+        v[j - 1] = swap;
+      }
+  return c;
+}
+
+// Knuth's multiplicative hash of the word's index: its sign and low 10 bits.
+__global__ void fill_pattern_kernel(uint16_t* dst, size_t words) {
+  const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
+       i += step) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+    h ^= h >> 15;
+    dst[i] = static_cast<uint16_t>((h & 0x8000u) | 0x3C00u | (h & 0x03FFu));
   }
 }
 
@@ -374,7 +418,9 @@ cudaError_t bias_gradient(const EpilogueParams& p, const void* dy_raw, void* db_
   A* partial = s.chunks > 1 ? static_cast<A*>(scratch) : nullptr;
   const T* dy = static_cast<const T*>(dy_raw);
   T* db = static_cast<T*>(db_raw);
-  dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(channel_groups(s)));
+  // Channels (or groups of 32) on grid.x, which takes 2^31 - 1 blocks: grid.y stops at
+  // 65535, which K alone may pass; the chunks are at most 65535 (ideal_chunks).
+  dim3 grid(static_cast<unsigned>(channel_groups(s)), static_cast<unsigned>(s.chunks));
   dim3 rows_block(kChannelsPerBlock, kGradThreads / kChannelsPerBlock);
   // 32-bit index math when every offset (relative to a channel's first element) fits.
   bool small = fits_32_bits(flatten(p.y, false), element_count(p.y));
@@ -392,23 +438,19 @@ cudaError_t bias_gradient(const EpilogueParams& p, const void* dy_raw, void* db_
   return cudaGetLastError();
 }
 
-template <class Bits>
-cudaError_t strided_copy(const StridedCopy& c, const void* src, void* dst, cudaStream_t stream) {
-  int64_t count = element_count(c.src);
+template <class T>
+cudaError_t strided_copy(const StridedCopy& given, const void* src, void* dst,
+                         cudaStream_t stream) {
+  StridedCopy c = in_dst_order(given);
+  int64_t count = element_count(c.dst);
   constexpr int kThreads = 256;
-  int64_t src_last = 0, dst_last = 0;
-  for (int d = 0; d < c.src.ndim; ++d) {
-    src_last += (c.src.shape[d] - 1) * c.src.strides[d];
-    dst_last += (c.src.shape[d] - 1) * c.dst_strides[d];
-  }
-  const int64_t kLimit = int64_t(1) << 31;
   unsigned grid = grid_for(count, kThreads);
-  if (count < kLimit && src_last < kLimit && dst_last < kLimit)
-    strided_copy_kernel<Bits, uint32_t><<<grid, kThreads, 0, stream>>>(
-        c, static_cast<const Bits*>(src), static_cast<Bits*>(dst), static_cast<uint32_t>(count));
+  if (count < (int64_t(1) << 31))  // 32-bit division for the walk; offsets stay 64-bit
+    strided_copy_kernel<T, uint32_t><<<grid, kThreads, 0, stream>>>(
+        c, static_cast<const T*>(src), static_cast<T*>(dst), static_cast<uint32_t>(count));
   else
-    strided_copy_kernel<Bits, int64_t><<<grid, kThreads, 0, stream>>>(
-        c, static_cast<const Bits*>(src), static_cast<Bits*>(dst), count);
+    strided_copy_kernel<T, int64_t><<<grid, kThreads, 0, stream>>>(
+        c, static_cast<const T*>(src), static_cast<T*>(dst), count);
   return cudaGetLastError();
 }
 
@@ -416,12 +458,22 @@ cudaError_t strided_copy(const StridedCopy& c, const void* src, void* dst, cudaS
 
 cudaError_t launch_strided_copy(const StridedCopy& c, const void* src, void* dst,
                                 cudaStream_t stream) {
-  switch (c.element_size) {
-    case 2: return strided_copy<uint16_t>(c, src, dst, stream);
-    case 4: return strided_copy<uint32_t>(c, src, dst, stream);
-    case 8: return strided_copy<uint64_t>(c, src, dst, stream);
+  switch (c.type) {
+    case ElementType::kHalf: return strided_copy<__half>(c, src, dst, stream);
+    case ElementType::kBFloat16: return strided_copy<__nv_bfloat16>(c, src, dst, stream);
+    case ElementType::kFloat: return strided_copy<float>(c, src, dst, stream);
+    case ElementType::kDouble: return strided_copy<double>(c, src, dst, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_fill_pattern(void* dst, size_t bytes, cudaStream_t stream) {
+  size_t words = bytes / 2;
+  if (words == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  fill_pattern_kernel<<<grid_for(static_cast<int64_t>(words), kThreads), kThreads, 0, stream>>>(
+      static_cast<uint16_t*>(dst), words);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_bias_activation(const EpilogueParams& p, void* y, const void* src,

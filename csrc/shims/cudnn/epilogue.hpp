@@ -40,15 +40,26 @@ struct EpilogueParams {
 cudaError_t launch_bias_activation(const EpilogueParams& p, void* y, const void* src,
                                    const void* bias, cudaStream_t stream);
 
-// dst = src element by element, each with its own strides over one logical shape (to
-// stage a tensor in the memory order cuDNN wants).
+// A copy between the caller's tensor and a compact one in the workspace, over dst's shape:
+// dst's element at index i (per dim) is src's at i - lead, zero where that falls outside
+// src (a zero-padded copy: lead >= 0), src's at i + |lead| for a crop (lead < 0). With beta
+// != 0, dst = src + beta * dst_old (an output copied out after cuDNN wrote it with beta 0);
+// with beta 0 the old dst is never read (it may hold NaN).
 struct StridedCopy {
-  int element_size = 4;  // 2, 4 or 8 bytes
-  StridedTensor src;     // shape and source strides
-  int64_t dst_strides[kMaxEpilogueDims] = {};
+  ElementType type = ElementType::kFloat;
+  StridedTensor dst;  // the shape walked, dst's strides
+  StridedTensor src;  // src's shape (bounds) and strides
+  int64_t lead[kMaxEpilogueDims] = {};
+  double beta = 0.0;
 };
 cudaError_t launch_strided_copy(const StridedCopy& c, const void* src, void* dst,
                                 cudaStream_t stream);
+
+// Fills `bytes` of device memory with small finite values of both signs in every float type
+// (every 16-bit word 0x3C00..0x3FFF or 0xBC00..0xBFFF, whatever the word's place in an
+// element): stand-ins for benchmark operands that, unlike zeros, do not flatter engines
+// whose speed depends on the data (power-limited tensor cores).
+cudaError_t launch_fill_pattern(void* dst, size_t bytes, cudaStream_t stream);
 
 // Bytes of scratch the bias gradient's first pass would use to fill the GPU (partial sums
 // per chunk of rows and channel); with less, it uses fewer chunks, down to one block per

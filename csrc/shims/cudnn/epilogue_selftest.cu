@@ -4,7 +4,10 @@
 //    exactly once with its channel, and dense NCHW/NHWC in memory order (coalesced);
 //  - the bias gradient's per-thread shares (rows_thread_sum / inner_thread_sum, the code the
 //    kernels run) over every chunk and lane add up to each channel's sum, counting each
-//    element once, with one chunk and with as many as the scratch holds.
+//    element once, with one chunk and with as many as the scratch holds;
+//  - the staging copies (copy_offsets, in the dims order the launch uses): a zero-padded
+//    copy of a view with gaps into a compact buffer, and the crop back out of it into a
+//    view, every element once, padding zero, nothing between the view's elements written.
 // Not part of the shim: tests/test_cudnn.py compiles it with nvcc and runs it.
 //   nvcc -std=c++17 -I csrc/include -o selftest csrc/shims/cudnn/epilogue_selftest.cu
 #include <cstdio>
@@ -136,6 +139,68 @@ void check_bias_gradient(const Case& c, std::mt19937& random) {
   }
 }
 
+// A copy run on the CPU as the kernel runs it (beta 0): dst[to] = src[from] or 0.
+void run_copy(const fdnn_cudnn::StridedCopy& given, const std::vector<double>& src,
+              std::vector<double>* dst, std::vector<int>* writes) {
+  fdnn_cudnn::StridedCopy c = fdnn_cudnn::in_dst_order(given);
+  int64_t count = fdnn_cudnn::element_count(c.dst);
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t to = 0, from = 0;
+    bool inside = fdnn_cudnn::copy_offsets<uint32_t>(c, static_cast<uint32_t>(i), &to, &from);
+    (*dst)[static_cast<size_t>(to)] = inside ? src[static_cast<size_t>(from)] : 0.0;
+    ++(*writes)[static_cast<size_t>(to)];
+  }
+}
+
+fdnn_cudnn::StridedTensor tensor(std::vector<int64_t> shape, std::vector<int64_t> strides) {
+  return strided(Case{"", shape, strides, false});
+}
+
+// x (2, 3, 4, 5) NHWC with gaps in W, padded by (2 before, 0 after) in H and (0, 1) in W
+// into a compact NCHW buffer (2, 3, 6, 6), then cropped back into a fresh view.
+void check_pad_and_crop() {
+  const char* name = "pad copy and crop";
+  std::vector<int64_t> shape{2, 3, 4, 5}, view_strides{120, 1, 30, 6};  // W stride 6: gaps
+  std::vector<int64_t> padded{2, 3, 6, 6}, compact{108, 36, 6, 1}, lead{0, 0, 2, 0};
+  std::vector<double> x(240);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i) + 1;
+  fdnn_cudnn::StridedCopy in;
+  in.dst = tensor(padded, compact);
+  in.src = tensor(shape, view_strides);
+  for (int d = 0; d < 4; ++d) in.lead[d] = lead[static_cast<size_t>(d)];
+  std::vector<double> buffer(216, -1.0);
+  std::vector<int> writes(216, 0);
+  run_copy(in, x, &buffer, &writes);
+  bool every_once = true, right = true;
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t h = 0; h < 6; ++h)
+        for (int64_t w = 0; w < 6; ++w) {
+          size_t at = static_cast<size_t>(n * 108 + c * 36 + h * 6 + w);
+          every_once &= writes[at] == 1;
+          bool inside = h >= 2 && w < 5;
+          double want = inside ? x[static_cast<size_t>(n * 120 + c + (h - 2) * 30 + w * 6)] : 0.0;
+          right &= buffer[at] == want;
+        }
+  expect(every_once, "the padded copy writes every element once", name);
+  expect(right, "the padded copy holds x at lead and zeros around it", name);
+  fdnn_cudnn::StridedCopy out;
+  out.dst = tensor(shape, view_strides);
+  out.src = tensor(padded, compact);
+  for (int d = 0; d < 4; ++d) out.lead[d] = -lead[static_cast<size_t>(d)];
+  std::vector<double> back(240, -7.0);
+  std::vector<int> back_writes(240, 0);
+  run_copy(out, buffer, &back, &back_writes);
+  bool cropped = true, untouched = true;
+  for (size_t i = 0; i < back.size(); ++i) {
+    bool element = (i % 30) % 6 < 3;  // offset c + 6 w (+ 30 h + 120 n) with c < 3
+    if (element) cropped &= back_writes[i] == 1 && back[i] == x[i];
+    else untouched &= back_writes[i] == 0 && back[i] == -7.0;
+  }
+  expect(cropped, "the crop brings every element back once", name);
+  expect(untouched, "nothing between a view's elements is written", name);
+}
+
 }  // namespace
 
 int main() {
@@ -167,6 +232,7 @@ int main() {
     fdnn_cudnn::BiasGradShape big = fdnn_cudnn::bias_grad_shape(strided(cases[i]));
     expect(fdnn_cudnn::ideal_chunks(big) > 1, "a large gradient is split into chunks", cases[i].name);
   }
+  check_pad_and_crop();
   std::printf("%s: %zu layouts, %d failures\n", failures ? "FAILED" : "ok", cases.size(), failures);
   return failures ? 1 : 0;
 }

@@ -48,18 +48,16 @@ void read_compute_type(const FDNN_DLDataType& c, ConvProblem* p) {
   }
 }
 
-// Shape and strides (no dim is empty: check_conv_problem). Dims of size 1 may carry any
-// stride (DLPack producers differ): canonicalise_unit_strides rewrites them once the memory
-// order is known. Elsewhere cuDNN needs positive strides.
-LogicalTensor read_logical(const FDNN_DLTensor* t, const char* name, size_t element_size) {
+// Shape and strides (no dim is empty, no stride negative: check_conv_problem). Dims of size
+// 1 may carry any stride (DLPack producers differ): canonicalise_unit_strides rewrites them
+// once the memory order is known. A stride 0 elsewhere (a repeated element, on an operand
+// the op only reads) cuDNN cannot take: such an operand is staged (cudnn_can_take).
+LogicalTensor read_logical(const FDNN_DLTensor* t, size_t element_size) {
   LogicalTensor out;
   int64_t last_offset = 0;
   for (int i = 0; i < t->ndim; ++i) {
     int64_t size = t->shape[i];
     int64_t stride = t->strides[i];
-    if (size != 1 && stride <= 0)
-      fail(FDNN_ERROR_UNSUPPORTED, "cudnn: %s has stride %lld in dim %d; cuDNN needs "
-           "positive strides", name, static_cast<long long>(stride), i);
     out.shape.push_back(size);
     out.strides.push_back(stride);
     if (size != 1) last_offset += (size - 1) * stride;
@@ -152,16 +150,100 @@ bool same_strides(const LogicalTensor& t, const std::vector<int64_t>& strides) {
   return true;
 }
 
+size_t element_count(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// `t` laid out compactly in the memory order `channels_last`.
+LogicalTensor compact_in(const std::vector<int64_t>& shape, bool channels_last,
+                         size_t element_size) {
+  LogicalTensor c;
+  c.shape = shape;
+  c.strides = compact_strides(shape, memory_order(shape.size(), channels_last));
+  c.span_bytes = element_count(shape) * element_size;
+  return c;
+}
+
+bool is_compact_in(const LogicalTensor& t, bool channels_last) {
+  return same_strides(t, compact_strides(t.shape, memory_order(t.shape.size(), channels_last)));
+}
+
+bool has_zero_stride(const LogicalTensor& t) {
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    if (t.shape[d] != 1 && t.strides[d] == 0) return true;
+  return false;
+}
+
+// What the graph describes of `o`: the caller's tensor, or its copy at a 256-byte boundary
+// of the workspace (16-byte aligned: the workspace itself is 64-byte aligned).
+void set_cudnn_view(Operand* o) {
+  o->cudnn.alignment = o->staged ? 16 : o->user_alignment;
+  Geometry g = to_cudnn(o->seen());
+  o->cudnn.dims = g.dims;
+  o->cudnn.strides = g.strides;
+}
+
+// `o` copied compactly in the order `channels_last`, grown by lead + trail (padding).
+void stage(Operand* o, bool channels_last, const std::vector<int64_t>& lead,
+           const std::vector<int64_t>& trail, size_t element_size) {
+  std::vector<int64_t> shape = o->user.shape;
+  for (size_t d = 0; d < shape.size(); ++d) shape[d] += lead[d] + trail[d];
+  o->staged = true;
+  o->compact = compact_in(shape, channels_last, element_size);
+  o->lead = lead;
+  set_cudnn_view(o);
+}
+
+void unstage(Operand* o) {
+  o->staged = false;
+  o->compact = LogicalTensor{};
+  o->lead.clear();
+  set_cudnn_view(o);
+}
+
+std::vector<int64_t> zeros(size_t n) { return std::vector<int64_t>(n, 0); }
+
 // w in x's memory order: as it is when it already is (size-1 dims aside, whose strides are
 // then written canonically), else staged through the workspace.
 void match_w_to_x(ConvProblem* p) {
-  std::vector<int64_t> wanted = compact_strides(
-      p->w_logical.shape, memory_order(p->w_logical.shape.size(), p->x_channels_last));
-  LogicalTensor canonical = p->w_logical;
-  canonical.strides = wanted;
-  p->stage_w = !same_strides(p->w_logical, wanted);
-  if (p->stage_w) p->w_staged = canonical;
-  p->w = to_cudnn(canonical);
+  size_t n = p->w.user.shape.size();
+  if (is_compact_in(p->w.user, p->x.channels_last)) {
+    p->w.user.strides =  // canonical strides for the size-1 dims too
+        compact_strides(p->w.user.shape, memory_order(n, p->x.channels_last));
+    unstage(&p->w);
+  } else {
+    stage(&p->w, p->x.channels_last, zeros(n), zeros(n), p->element_size);
+  }
+}
+
+bool asymmetric(const ConvProblem& p) { return p.pad_lo != p.pad_hi; }
+
+// x (or dx) with the padding difference copied in: lo - hi zeros before the data where lo
+// is the larger, hi - lo after it where hi is; cuDNN then pads min(lo, hi) on each side.
+void stage_padded_x(ConvProblem* p) {
+  size_t n = p->x.user.shape.size();
+  size_t first = p->pad_lo.size() - (n - 2);  // cuDNN's spatial dim of logical dim 2
+  std::vector<int64_t> lead = zeros(n), trail = zeros(n);
+  for (size_t d = 2; d < n; ++d) {
+    int64_t lo = p->pad_lo[first + d - 2], hi = p->pad_hi[first + d - 2];
+    lead[d] = lo > hi ? lo - hi : 0;
+    trail[d] = hi > lo ? hi - lo : 0;
+  }
+  for (size_t i = 0; i < p->pad_lo.size(); ++i)
+    p->pad_lo[i] = p->pad_hi[i] = std::min(p->pad_lo[i], p->pad_hi[i]);
+  p->padded_copy = true;
+  stage(&p->x, p->x.channels_last, lead, trail, p->element_size);
+}
+
+const char* role_name(const ConvProblem& p, Role r) {
+  switch (r) {
+    case Role::kX: return p.op == FDNN_CONV_BACKWARD_DATA ? "dx" : "x";
+    case Role::kW: return p.op == FDNN_CONV_BACKWARD_WEIGHT ? "dw" : "w";
+    case Role::kY: break;
+  }
+  return p.op == FDNN_CONV_FORWARD ? "y" : "dy";
 }
 
 void read_conv_params(const FDNN_Conv_Plan_Create_Args& a, ConvProblem* p) {
@@ -179,17 +261,30 @@ void read_conv_params(const FDNN_Conv_Plan_Create_Args& a, ConvProblem* p) {
   }
 }
 
+// The largest power of two (up to 16) that divides a data pointer the caller showed us;
+// 16 when it showed none (the ABI allows NULL data at plan time), never below the element
+// size. Per tensor, as cuDNN takes it (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT): one misaligned
+// bias must not cost x, w and y their vectorised engines. Execute checks each.
+int64_t pointer_alignment(const FDNN_DLTensor* t, size_t element_size) {
+  int64_t a = 16;
+  if (!has_tensor(t) || t->data == nullptr) return a;
+  uintptr_t address = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+  while (a > 1 && address % a != 0) a /= 2;
+  return std::max(a, static_cast<int64_t>(element_size));
+}
+
 // A bias as cuDNN broadcasts it: 1, K, 1, ... with the caller's stride along K. The ABI
 // lets a read-only tensor repeat an element (stride 0: torch's b0.expand(K)); the epilogue
 // reads bias[k * 0] as it should, but cuDNN takes positive strides only, so such a bias is
 // never fused (can_fuse_epilogue) and its graph geometry is never built.
 void read_bias(const FDNN_Conv_Plan_Create_Args& a, ConvProblem* p) {
   if (!has_tensor(a.bias)) return;
-  int64_t k = p->w_logical.shape[0];
+  int64_t k = p->w.user.shape[0];
   p->has_bias = true;
   p->bias_stride = k == 1 ? 1 : a.bias->strides[0];  // one element: any stride means 1
   if (p->bias_stride <= 0) return;
-  size_t dims = p->y.dims.size();
+  p->bias.alignment = pointer_alignment(a.bias, p->element_size);
+  size_t dims = p->y.cudnn.dims.size();
   p->bias.dims.assign(dims, 1);
   p->bias.dims[1] = k;
   p->bias.strides.assign(dims, k * p->bias_stride);
@@ -204,22 +299,59 @@ void read_epilogue(const FDNN_Conv_Plan_Create_Args& a, ConvProblem* p) {
   p->activation_beta = a.activation_beta;
 }
 
-// The largest power of two (up to 16) that divides a data pointer the caller showed us;
-// 16 when it showed none (the ABI allows NULL data at plan time). Execute checks it.
-int64_t pointer_alignment(const FDNN_DLTensor* t, int64_t current) {
-  if (!has_tensor(t) || t->data == nullptr) return current;
-  uintptr_t address = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
-  int64_t a = 16;
-  while (a > 1 && address % a != 0) a /= 2;
-  return std::min(current, a);
+// The caller's tensor `t` as operand `o`, in the memory order `channels_last`.
+void read_operand(const FDNN_DLTensor* t, bool channels_last, size_t element_size,
+                  Operand* o) {
+  o->user = read_logical(t, element_size);
+  o->channels_last = channels_last;
+  canonicalise_unit_strides(&o->user, channels_last);
+  o->user_alignment = pointer_alignment(t, element_size);
+  set_cudnn_view(o);
 }
 
 }  // namespace
 
-void use_w_unstaged(ConvProblem* p) {
-  p->stage_w = false;
-  p->w_staged = LogicalTensor{};
-  p->w = to_cudnn(p->w_logical);
+bool use_w_unstaged(ConvProblem* p) {
+  if (has_zero_stride(p->w.user)) return false;
+  unstage(&p->w);
+  return true;
+}
+
+bool cudnn_can_take(const ConvProblem& p) {
+  for (const Operand* o : {&p.x, &p.w, &p.y})
+    if (!o->staged && has_zero_stride(o->user)) return false;
+  return true;
+}
+
+bool stage_for_fallback(ConvProblem* p) {
+  bool changed = false;
+  if (asymmetric(*p)) {
+    stage_padded_x(p);
+    changed = true;
+  }
+  for (Operand* o : {&p->x, &p->y}) {
+    if (o->staged || is_compact_in(o->user, o->channels_last)) continue;
+    size_t n = o->user.shape.size();
+    stage(o, o->channels_last, zeros(n), zeros(n), p->element_size);
+    changed = true;
+  }
+  if (!p->w.staged && !is_compact_in(p->w.user, p->x.channels_last)) {  // unstaged by a limit
+    match_w_to_x(p);
+    changed = true;
+  }
+  p->fallback = true;
+  return changed;
+}
+
+std::string staging_text(const ConvProblem& p) {
+  std::string text;
+  for (Role r : {Role::kX, Role::kW, Role::kY}) {
+    const Operand& o = p.operand(r);
+    if (!o.staged) continue;
+    text += std::string(text.empty() ? "" : ", ") + role_name(p, r) +
+            (o.padded() ? " (padded copy)" : " (compact copy)");
+  }
+  return text;
 }
 
 ConvProblem read_problem(const FDNN_Conv_Plan_Create_Args& a) {
@@ -229,25 +361,15 @@ ConvProblem read_problem(const FDNN_Conv_Plan_Create_Args& a) {
   p.device = a.x->device.device_id;
   read_dtype(a.x->dtype, &p);
   read_compute_type(a.compute_type, &p);
-  p.x_logical = read_logical(a.x, "x", p.element_size);
-  p.w_logical = read_logical(a.w, "w", p.element_size);
-  p.y_logical = read_logical(a.y, "y", p.element_size);
   bool channels_last = problem_is_channels_last(a);
-  p.x_channels_last = own_or(a.x, channels_last);
-  p.w_channels_last = own_or(a.w, channels_last);
-  canonicalise_unit_strides(&p.x_logical, p.x_channels_last);
-  canonicalise_unit_strides(&p.w_logical, p.w_channels_last);
-  canonicalise_unit_strides(&p.y_logical, own_or(a.y, channels_last));
-  p.x = to_cudnn(p.x_logical);
+  read_operand(a.x, own_or(a.x, channels_last), p.element_size, &p.x);
+  read_operand(a.w, own_or(a.w, channels_last), p.element_size, &p.w);
+  read_operand(a.y, own_or(a.y, channels_last), p.element_size, &p.y);
   match_w_to_x(&p);
-  p.y = to_cudnn(p.y_logical);
   read_conv_params(a, &p);
   read_epilogue(a, &p);
   read_bias(a, &p);
   p.flags = a.flags;
-  int64_t align = 16;
-  for (const FDNN_DLTensor* t : {a.x, a.w, a.y, a.bias}) align = pointer_alignment(t, align);
-  p.alignment = std::max<int64_t>(align, static_cast<int64_t>(p.element_size));
   return p;
 }
 
