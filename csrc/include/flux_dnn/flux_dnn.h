@@ -282,8 +282,9 @@ typedef struct {
   FDNN_Extension_Base* extension_start;
   int32_t device_id; /* 0 .. num_devices-1 */
   /* out: FDNN_CONV_* flags a caller without a preference of its own passes on this device:
-   * FDNN_CONV_ALLOW_REDUCED_PRECISION on NVIDIA (TF32 for float32, PyTorch's default for
-   * convolutions), 0 on CPUs. */
+   * FDNN_CONV_ALLOW_REDUCED_PRECISION on NVIDIA (TF32 for float32 and reduced-precision
+   * reduction for float16/bfloat16, what PyTorch's cuDNN convolutions allow by default), 0 on
+   * CPUs. */
   uint32_t default_flags;
   /* out: a stable name for the device, e.g. "NVIDIA H200 (sm_90)" or "x86-64 avx512_core_amx",
    * used to key autotune results. Static storage, lives as long as the loaded shim. */
@@ -344,7 +345,11 @@ enum {
 enum {
   /* Bitwise reproducible results: exclude algorithms that use atomics or split reductions. */
   FDNN_CONV_DETERMINISTIC = 1u << 0,
-  /* Allow math below the input precision (TF32 for fp32 on NVIDIA, bf16 for fp32 on CPUs). */
+  /* Allow math below the input precision: on CPUs bf16 for fp32; on NVIDIA (cuDNN) TF32 for
+   * fp32, and for fp16/bf16 engines whose reduction keeps partial sums in the 16-bit type
+   * (cuDNN's REDUCED_PRECISION_REDUCTION note), as PyTorch admits both by default
+   * (torch.backends.cudnn.allow_tf32; its engine filter keeps such 16-bit engines). Without
+   * the flag, the cuDNN shim excludes both. */
   FDNN_CONV_ALLOW_REDUCED_PRECISION = 1u << 1,
 };
 
@@ -431,7 +436,8 @@ typedef struct {
   float activation_alpha;
   float activation_beta;
   /* Accumulation type; code 0 and bits 0 mean the vendor default (fp32 for 16-bit floats,
-   * the input type otherwise). */
+   * the input type otherwise; with FDNN_CONV_ALLOW_REDUCED_PRECISION a GPU vendor may still
+   * reduce 16-bit inputs partly in 16 bits: see that flag). */
   FDNN_DLDataType compute_type;
   uint32_t flags;      /* FDNN_CONV_* bits */
   int32_t algo_policy; /* FDNN_ALGO_* */
