@@ -144,8 +144,9 @@ def _run_selftest(command, binary):
 
 def test_epilogue_index_math_on_the_cpu(tmp_path):
     """epilogue.cu's walks (bias/activation over every layout, in memory order for dense
-    NCHW/NHWC; the bias gradient's per-thread shares over chunks and lanes), run on the CPU
-    by csrc/shims/cudnn/epilogue_selftest.cu: the kernels' own index code, no GPU needed."""
+    NCHW/NHWC; the bias gradient's per-thread shares over chunks and lanes; the staging copy's
+    zero-padding and crop), run on the CPU by csrc/shims/cudnn/epilogue_selftest.cu: the
+    kernels' own index code, no GPU needed."""
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parent.parent
@@ -160,9 +161,11 @@ def test_epilogue_index_math_on_the_cpu(tmp_path):
 def test_plan_time_decisions_on_the_cpu(tmp_path):
     """What the shim decides before any cuDNN call, run on the CPU by
     csrc/shims/cudnn/host_selftest.cpp: workspace_size never above workspace_limit (parts
-    aligned, not overlapping) at every limit around the boundaries; channels-last seen with one
-    channel or width 1; size-1 strides canonical; w staged only when its order differs, and
-    given to cuDNN as it is in the no-scratch variant."""
+    aligned, not overlapping, staged x, w and y included) at every limit around the
+    boundaries; channels-last seen with one channel or width 1; size-1 strides canonical; w
+    staged only when its order differs, and given to cuDNN as it is in the no-scratch variant;
+    the staged problem (x padded by the difference of asymmetric paddings, dx cropped, views
+    with gaps or stride 0 compacted, cuDNN padding min(lo, hi)); alignment per tensor."""
     import pathlib
     import shutil
 

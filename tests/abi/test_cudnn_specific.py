@@ -307,3 +307,69 @@ def test_nhwc_float16_bias_relu_is_fused(cudnn, info):
         assert fused == ("fused" in name), name
         # (benchmark times the fused graph against conv + our epilogue and may keep either)
         assert fused or policy == ABI.ALGO_BENCHMARK, f"not fused: {name}"
+
+
+# ---- the staged problem: asymmetric padding, gaps, repeated elements ----------------------
+
+
+def _asymmetric_problem(op, batch_stride=None):
+    """x (2, 4, 9, 9), w (6, 4, 3, 3), padding pre (2, 0) / post (0, 1): y (2, 6, 9, 8). With
+    batch_stride 0, the operand the op only reads (x, or dy for backward-data) repeats one
+    image (stride 0, as torch's expand gives): cuDNN cannot take it, so the shim plans the
+    staged problem straight away, which pads x in a copy."""
+    x_strides = [324, 81, 9, 1]
+    y_strides = [432, 72, 8, 1]
+    if batch_stride is not None:
+        (y_strides if op == ABI.CONV_BACKWARD_DATA else x_strides)[0] = batch_stride
+    x = tensor([2, 4, 9, 9], strides=x_strides)
+    w, y = tensor([6, 4, 3, 3]), tensor([2, 6, 9, 8], strides=y_strides)
+    args = conv_args(x, w, y, op=op)
+    args.padding_lo[0], args.padding_hi[0] = 2, 0
+    args.padding_lo[1], args.padding_hi[1] = 0, 1
+    return args
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_asymmetric_padding_plans_on_every_op(cudnn, info, op):
+    """pre != post padding plans on every op: by cuDNN's own pre/post paddings, or, where it
+    has no engine for them, by a padded copy in the workspace that the name and id show."""
+    _gpu(info)
+    ws, algo, name = _plan(cudnn, _asymmetric_problem(op))
+    staged = bool(algo & (1 << 41))
+    assert staged == ("padded copy" in name), name
+    padded_x = 2 * 4 * 11 * 10 * 4
+    assert not staged or ws >= padded_x, (ws, name)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_repeated_operand_plans_the_padded_copy(cudnn, info, op):
+    """A repeated (stride 0) operand goes straight to the staged problem: its name says which
+    copies run, bit 41 of its id says so too, the given id plans the same, and the workspace
+    holds the padded x (or dx) besides cuDNN's; a limit that cannot hold the copies is refused
+    as UNSUPPORTED naming the workspace."""
+    _gpu(info)
+    ws, algo, name = _plan(cudnn, _asymmetric_problem(op, batch_stride=0))
+    assert algo & (1 << 41), (hex(algo), name)
+    assert "padded copy" in name, name
+    assert op != ABI.CONV_BACKWARD_DATA or "dy (compact copy)" in name, name
+    padded_x = 2 * 4 * 11 * 10 * 4  # the padded x or dx, in float32
+    assert ws >= padded_x, (ws, name)
+    given = _asymmetric_problem(op, batch_stride=0)
+    given.algo_policy, given.algo_id = ABI.ALGO_GIVEN, algo
+    assert _plan(cudnn, given)[:2] == (ws, algo)
+    tight = _asymmetric_problem(op, batch_stride=0)
+    tight.workspace_limit = padded_x - 1
+    got = _try_plan(cudnn, tight)
+    assert isinstance(got, tuple) and got[0] == "UNSUPPORTED" and "workspace" in got[1], got
+
+
+def test_broadcast_bias_is_not_fused(cudnn, info):
+    """A bias of stride 0 (torch's b0.expand(K)) has no cuDNN tensor (positive strides only):
+    it plans unfused, and our epilogue reads its one element."""
+    _gpu(info)
+    x, y = _channels_last([8, 64, 28, 28], "float16"), _channels_last([8, 64, 28, 28], "float16")
+    w = _channels_last([64, 64, 3, 3], "float16")
+    args = conv_args(x, w, y, padding=1, bias=tensor([64], F.DTYPES["float16"], strides=[0]))
+    args.activation = ABI.ACTIVATION_RELU
+    _, algo, name = _plan(cudnn, args)
+    assert not (algo >> 40) & 1 and "fused" not in name, name

@@ -1,13 +1,17 @@
 """What a GPU shim (cuDNN's now) must get right that the matrix's random draws reach only by
 chance: threads on one plan and on many, forward without bias, GELU (erf), inputs whose data
 pointer is one element off, beta != 0 inside every op, the no-workspace fallback where the shim
-needs scratch of its own, size-1 dims, a large deterministic bias gradient, that a fusable case
-does fuse, and a second device. Every test here runs on CUDA backends only; without one it is
+needs scratch of its own, size-1 dims, a large deterministic bias gradient, a bias gradient of
+more channels than a grid dim holds, that a fusable case does fuse, a repeated (stride 0) bias,
+NaN through ReLU, asymmetric padding, views with gaps and repeated elements on every operand
+(what cuDNN may refuse as given, which the shim then copies through its workspace), and a
+second device. Every test here runs on CUDA backends only; without one it is
 skipped with the reason (``python -m pytest tests/conformance -m accelerator``)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -18,6 +22,8 @@ import reference as ref
 
 from . import problems as P
 from .libraries import CUDA, LAYOUTS, numpy_dtype
+
+DTYPES_16_32 = ("float32", "float16")
 
 
 def on_cuda(lib) -> bool:
@@ -241,6 +247,186 @@ def test_activation_with_beta_at_limit_zero_is_refused_or_computed(backend, rng)
         assert "workspace" in str(exc), exc
 
 
+# ---- repeated elements, NaN ------------------------------------------------------------------
+
+
+def _repeated(lib, values, dtype, shape, layout="contiguous"):
+    """values (a leading dim of size 1) repeated to `shape` without a copy: stride 0 where
+    values has size 1, as torch's expand and CuPy's broadcast_to give."""
+    a = lib.array(values, dtype, layout)
+    if lib.name == "torch":
+        return a.expand(*shape)
+    if lib.name == "cupy":
+        return lib.module.broadcast_to(a, shape)
+    pytest.skip(f"{lib.name} has no views that repeat an element")
+
+
+@pytest.mark.matrix(libraries="first", where=strided_on_cuda, activation=(None, "relu"), layout=LAYOUTS)
+def test_repeated_bias(backend, rng, activation, layout):
+    """A bias of stride 0 (torch's b0.expand(K)): one value for every channel, never K values
+    read from a buffer of one (cuDNN takes no stride 0: such a bias is added by our epilogue)."""
+    dtype = "float32"
+    backend.require("forward", dtype, 2, activation=activation, layout=layout)
+    lib = backend.lib
+    g = _geometry(C=8, K=16)
+    x, w, b0 = P.grid(rng, g.x_shape), P.grid(rng, g.w_shape), P.grid(rng, (1,))
+    b = np.broadcast_to(b0, (g.K,))
+    expected = ref.epilogue(ref.conv_forward(x, w, b, *g.ref()), activation=activation)
+    bias = _repeated(lib, b0, dtype, (g.K,))
+    got = flux_dnn.conv(
+        lib.array(x, dtype, layout), lib.array(w, dtype, layout), bias, **g.kwargs(), activation=activation
+    )
+    _close(lib, got, expected, dtype, "repeated bias")
+
+
+@pytest.mark.matrix(libraries="first", where=strided_on_cuda, fused=(True, False))
+def test_nan_stays_nan_through_relu(backend, rng, fused):
+    """ReLU keeps NaN (torch.relu(nan) is nan), in cuDNN's fused graph (NaN propagation set)
+    and in our epilogue (alpha != 1 is never fused); every other element is right."""
+    dtype = "float16"
+    backend.require("forward", dtype, 2, activation="relu", layout="channels_last", features=("alpha_beta",))
+    lib = backend.lib
+    g = _geometry(N=2, C=32, K=32, size=8, kernel=1, pad=0)
+    x, w, b = P.grid(rng, g.x_shape), P.grid(rng, g.w_shape) / 4, P.grid(rng, (g.K,))
+    x[1, 3, 5, 2] = np.nan  # a 1x1 kernel: output pixel (1, :, 5, 2) only
+    alpha = 1.0 if fused else 0.5
+    expected = ref.epilogue(ref.conv_forward(x, w, b, *g.ref()), alpha, activation="relu")
+    plan = flux_dnn.conv_plan(
+        lib.array(x, dtype, "channels_last"),
+        lib.array(w, dtype, "channels_last"),
+        lib.array(b, dtype),
+        **g.kwargs(),
+        activation="relu",
+        alpha=alpha,
+    )
+    assert fused or "fused" not in plan.algorithm, plan.algorithm
+    got = lib.numpy(plan(lib.array(x, dtype, "channels_last")))
+    nan = np.isnan(expected)
+    assert nan[1, :, 5, 2].all() and nan.sum() == g.K, "the reference has NaN where the input's reaches"
+    assert np.array_equal(np.isnan(got), nan), f"NaN where expected: {np.isnan(got)[nan].mean():.2f} ({plan.algorithm})"
+    tol = P.TOLERANCE[dtype]
+    np.testing.assert_allclose(got[~nan], expected[~nan], rtol=tol, atol=tol * np.abs(expected[~nan]).max())
+
+
+# ---- what cuDNN may refuse as given: asymmetric padding, gaps, repeated elements -------------
+
+
+def _asymmetric(nd, N=2, C=8, K=16, size=9):
+    """pre != post padding in every spatial dim (kernel 3): (2, 0) in 1-D, (0, 2) and (1, 0)
+    in 2-D, so the larger side is before in one dim and after in another."""
+    lo, hi = {1: ((2,), (0,)), 2: ((0, 1), (2, 0))}[nd]
+    g = _geometry(nd=nd, N=N, C=C, K=K, size=size, pad=0)
+    return dataclasses.replace(g, lo=lo, hi=hi, padding=tuple(zip(lo, hi)), form="pairs")
+
+
+@pytest.mark.matrix(
+    libraries="first",
+    where=on_cuda,
+    op=("forward", "backward_data", "backward_weight"),
+    nd=(1, 2),
+    dtype=("float32", "float16"),
+    layout=LAYOUTS,
+)
+def test_asymmetric_padding(backend, rng, op, nd, dtype, layout):
+    """pre != post padding, with alpha and beta: cuDNN's own pre/post paddings, or, where it
+    has no engine for them, x zero-padded by the difference in the workspace (dx cropped out
+    of such a buffer), checked against float64 either way."""
+    backend.require(op, dtype, nd, layout=layout, features=("alpha_beta",))
+    lib = backend.lib
+    e = P.Epilogue(bias=op == "forward", alpha=-1.5, beta=0.5 if lib.writable else 0.0, use_out=lib.writable)
+    P.run_op(op, backend, rng, dtype, layout, _asymmetric(nd), e)
+
+
+@pytest.mark.matrix(
+    libraries="first", where=strided_on_cuda, op=("forward", "backward_data", "backward_weight"), layout=LAYOUTS
+)
+def test_repeated_input_with_asymmetric_padding(backend, rng, op, layout):
+    """The operand an op only reads, repeating one image over the batch (stride 0): cuDNN
+    takes no stride 0, so the shim copies it compactly (x zero-padded for the asymmetric
+    padding, dx computed padded and cropped out with beta). Against float64; the forward plan's
+    name says a padded copy ran."""
+    dtype = "float32"
+    backend.require(op, dtype, 2, layout=layout, features=("alpha_beta",))
+    lib = backend.lib
+    g = _asymmetric(2)
+    beta = 0.5 if lib.writable else 0.0
+    read = g.y_shape if op == "backward_data" else g.x_shape
+    one = P.grid(rng, (1, *read[1:]))
+    repeated = np.broadcast_to(one, read)
+    arr = _repeated(lib, one, dtype, read, layout)
+    w = P.grid(rng, g.w_shape)
+    if op == "forward":
+        old = P.grid(rng, g.y_shape)
+        out = lib.array(old, dtype, layout) if lib.writable else None
+        expected = ref.epilogue(ref.conv_forward(repeated, w, None, *g.ref()), 0.5, beta, old)
+        plan = flux_dnn.conv_plan(arr, lib.array(w, dtype), **g.kwargs(), alpha=0.5)
+        assert "padded copy" in plan.algorithm, plan.algorithm
+        got = flux_dnn.conv(arr, lib.array(w, dtype), **g.kwargs(), alpha=0.5, beta=beta, out=out)
+    elif op == "backward_data":
+        old = P.grid(rng, g.x_shape)
+        out = lib.array(old, dtype, layout) if lib.writable else None
+        expected = ref.epilogue(ref.conv_backward_data(repeated, w, g.x_shape, *g.ref()), 0.5, beta, old)
+        got = flux_dnn.conv_backward_data(
+            arr, lib.array(w, dtype), g.x_shape, **g.kwargs(), alpha=0.5, beta=beta, out=out
+        )
+    else:
+        dy, old = P.grid(rng, g.y_shape), P.grid(rng, g.w_shape)
+        out = lib.array(old, dtype) if lib.writable else None
+        expected = ref.epilogue(ref.conv_backward_weight(repeated, dy, g.w_shape, *g.ref()), 0.5, beta, old)
+        got = flux_dnn.conv_backward_weight(
+            arr, lib.array(dy, dtype, layout), g.w_shape, **g.kwargs(), alpha=0.5, beta=beta, out=out
+        )
+    _close(lib, got, expected, dtype, f"{op} of a repeated input")
+
+
+def _gapped(lib, values, dtype, layout, axis):
+    """values as a view with gaps: every other element of `axis` of an array twice as long
+    there (the elements between hold 7, which nothing may read or write)."""
+    shape = list(values.shape)
+    shape[axis] *= 2
+    big = np.full(shape, 7.0)
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(0, None, 2)
+    big[tuple(index)] = values
+    arr = lib.array(big, dtype, layout)
+    return arr, arr[tuple(index)], tuple(index)
+
+
+@pytest.mark.matrix(
+    libraries="first", where=strided_on_cuda, op=("forward", "backward_data", "backward_weight"), dtype=DTYPES_16_32
+)
+def test_views_with_gaps_on_every_operand(backend, rng, op, dtype):
+    """Every operand a view with gaps (channels of x, the width of dy, the output's width, or
+    dw's input channels): read through its strides, the output written only at its own
+    elements with beta (the shim may copy each compactly through its workspace)."""
+    backend.require(op, dtype, 2, features=("alpha_beta",))
+    lib = backend.lib
+    if not lib.writable:
+        pytest.skip(f"{lib.name} arrays cannot be accumulated into (no out=)")
+    g = _geometry(C=6, K=8, size=7, pad=(1, 2))
+    x, w, dy = P.grid(rng, g.x_shape), P.grid(rng, g.w_shape), P.grid(rng, g.y_shape)
+    xd, dyd = _gapped(lib, x, dtype, "contiguous", 1)[1], _gapped(lib, dy, dtype, "contiguous", 3)[1]
+    out_shape = {"forward": g.y_shape, "backward_data": g.x_shape, "backward_weight": g.w_shape}[op]
+    old = P.grid(rng, out_shape)
+    big, view, index = _gapped(lib, old, dtype, "contiguous", 3 if op != "backward_weight" else 1)
+    if op == "forward":
+        expected = ref.epilogue(ref.conv_forward(x, w, None, *g.ref()), 0.5, 1.0, old)
+        got = flux_dnn.conv(xd, lib.array(w, dtype), **g.kwargs(), alpha=0.5, beta=1.0, out=view)
+    elif op == "backward_data":
+        expected = ref.epilogue(ref.conv_backward_data(dy, w, g.x_shape, *g.ref()), 0.5, 1.0, old)
+        got = flux_dnn.conv_backward_data(
+            dyd, lib.array(w, dtype), g.x_shape, **g.kwargs(), alpha=0.5, beta=1.0, out=view
+        )
+    else:
+        expected = ref.epilogue(ref.conv_backward_weight(x, dy, g.w_shape, *g.ref()), 0.5, 1.0, old)
+        got = flux_dnn.conv_backward_weight(xd, dyd, g.w_shape, **g.kwargs(), alpha=0.5, beta=1.0, out=view)
+    assert got is view
+    _close(lib, view, expected, dtype, f"{op} into a view with gaps")
+    between = np.ones(lib.numpy(big).shape, bool)
+    between[index] = False
+    assert (lib.numpy(big)[between] == 7.0).all(), "elements between the output's were written"
+
+
 # ---- the bias gradient ---------------------------------------------------------------------
 
 
@@ -261,6 +447,22 @@ def test_large_bias_gradient_is_right_and_deterministic(backend, rng, layout):
     expected = dy.sum(axis=(0, 2, 3))
     np.testing.assert_allclose(runs[0], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
     assert all(np.array_equal(runs[0], r) for r in runs[1:]), "bias gradient differs between runs"
+
+
+@pytest.mark.matrix(libraries="first", where=strided_on_cuda, layout=LAYOUTS)
+def test_bias_gradient_of_more_channels_than_a_grid_dim(backend, rng, layout):
+    """K = 70000 channels: more than a CUDA grid's y dim takes (65535), where the bias
+    gradient once put its channels; dy is (1, K, 2, 1), 0.6 MB in float32."""
+    dtype = "float32"
+    backend.require("backward_weight", dtype, 2, features=("bias_gradient",), layout=layout)
+    lib = backend.lib
+    K = 70000
+    x, dy = P.grid(rng, (1, 1, 2, 1)), P.grid(rng, (1, K, 2, 1))
+    dw, db = flux_dnn.conv_backward_weight(
+        lib.array(x, dtype, layout), lib.array(dy, dtype, layout), (K, 1, 1, 1), bias_grad=True
+    )
+    _close(lib, db, dy.sum(axis=(0, 2, 3)), dtype, "bias gradient of 70000 channels")
+    _close(lib, dw, ref.conv_backward_weight(x, dy, (K, 1, 1, 1), (1, 1), (0, 0), (0, 0)), dtype, "dw")
 
 
 # ---- benchmark -------------------------------------------------------------------------------
