@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -295,6 +296,24 @@ def test_a_shim_that_cannot_pack_keeps_the_callers_weights(tmp_path, small_plan_
     assert not packed.packed and packed.algo_name == "fake algorithm"
     y = np.full(x.shape, np.nan, np.float32)
     assert packed.run(x, y, None, None, None) is y and y.flat[0] == 42
+
+
+def test_weights_given_as_a_capsule_to_a_shim_that_cannot_pack_are_passed_again_each_run(tmp_path, small_plan_cache):
+    """torch's fast exporter hands the core DLPack capsules, which one use consumes: a plan on
+    a shim that cannot pack (cuDNN, MIOpen) must get w again on every run (the first GPU run
+    found every such torch plan failing with 'w: __dlpack__ did not return a DLPack capsule')."""
+    lib = fake_shim(tmp_path, "nopack")
+    shim = _core.load_shim(str(lib))
+    x, w = np.zeros((1, 1, 4, 4), np.float32), np.ones((1, 1, 1, 1), np.float32)
+    packed = _core.PackedConv(shim, forward_spec(), x, w.__dlpack__(), np.empty_like(x), None, None)
+    assert not packed.packed
+    y = np.full(x.shape, np.nan, np.float32)
+    with pytest.raises(TypeError, match=r"^w: this plan's weights were given as a DLPack capsule"):
+        packed.run(x, y, None, None, None)
+    assert np.isnan(y).all()  # refused before the shim was called
+    for _ in range(3):  # a fresh capsule each time
+        y = np.full(x.shape, np.nan, np.float32)
+        assert packed.run_with_weights(x, y, None, None, None, w.__dlpack__()) is y and y.flat[0] == 42
 
 
 # -- dispatch among several shims of one device -----------------------------------------------
@@ -636,3 +655,32 @@ def test_a_warm_ffi_call_allocates_nothing_in_the_handler(tmp_path):
     if not fj.ffi_available():
         pytest.skip(f"the XLA FFI handler is not built: {fj._ffi_state.get('reason')}")
     assert count_allocations(tmp_path, FFI_ALLOC_PROBE) == ["0"]
+
+
+@pytest.mark.parametrize("verification", ["never run on a GPU", "GPU check passed on an H200"])
+def test_an_unverified_shim_warns_once_on_first_use_and_a_verified_one_never(monkeypatch, verification):
+    from flux_dnn._discovery import _Entry, _warn_if_unverified
+
+    monkeypatch.setenv("FLUX_DNN_UNVERIFIED_WARNING", "1")
+    spec = flux_dnn.ShimSpec(name="vendorx", device_type=2, library="/nonexistent", verification=verification)
+    entry = _Entry("vendorx", spec, None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _warn_if_unverified(entry)
+        _warn_if_unverified(entry)  # the second use is silent
+    said = [str(w.message) for w in seen if issubclass(w.category, UserWarning)]
+    if verification.startswith("never"):
+        assert len(said) == 1 and "'vendorx' is unverified: never run on a GPU" in said[0], said
+        assert "FLUX_DNN_UNVERIFIED_WARNING=0" in said[0]
+    else:
+        assert said == []
+
+
+def test_the_unverified_warning_is_silenced_by_its_variable(monkeypatch):
+    from flux_dnn._discovery import _Entry, _warn_if_unverified
+
+    monkeypatch.setenv("FLUX_DNN_UNVERIFIED_WARNING", "0")
+    spec = flux_dnn.ShimSpec(name="vendorx", device_type=2, library="/nonexistent", verification="never run")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_unverified(_Entry("vendorx", spec, None))

@@ -447,7 +447,10 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
   FDNN_Conv_Plan_Pack_Weights* pack = shim.pack_weights_fn();
   if (pack == nullptr) {  // the shim cannot pack: keep the caller's weights, pass them each call
     plan_ = plan;
-    keep_w_ = py::reinterpret_borrow<py::object>(w_array);
+    // A DLPack capsule (torch's fast exporter) is consumed by the plan above: such a plan
+    // needs w exported again on every run (run's w_array), and says so if it is not.
+    keep_w_ = PyCapsule_CheckExact(w_array.ptr()) ? py::str("a consumed capsule")
+                                                  : py::reinterpret_borrow<py::object>(w_array);
     return;
   }
   FDNN_Conv_Plan_Pack_Weights_Args a{};
@@ -469,7 +472,8 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
 }
 
 py::object PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_array,
-                           py::handle stream, py::handle workspace_alloc) const {
+                           py::handle stream, py::handle workspace_alloc,
+                           py::handle w_array) const {
   BorrowedTensor x(x_array, "x", stream), bias(bias_array, "bias", stream);
   check_fits("x", x, x_signature_);
   check_fits("bias", bias, bias_signature_);
@@ -492,7 +496,7 @@ py::object PackedConv::run(py::handle x_array, py::handle y_array, py::handle bi
     check_memory(all, names, written);
   }
   std::optional<BorrowedTensor> w;
-  if (!keep_w_.is_none()) w.emplace(keep_w_, "w", stream);
+  if (!packed()) w.emplace(unpacked_weights(w_array), "w", stream);
   FDNN_Buffer_Offsets offsets{FDNN_Buffer_Offsets_STRUCT_SIZE, FDNN_EXTENSION_BUFFER_OFFSETS,
                               nullptr, offset_of(x), w ? offset_of(*w) : 0, offset_of(y),
                               offset_of(bias), 0};
@@ -500,6 +504,16 @@ py::object PackedConv::run(py::handle x_array, py::handle y_array, py::handle bi
           execute_pointer(bias), stream, workspace_alloc, data_is_object(x) ? &offsets : nullptr,
           keep_gil_);
   return result;
+}
+
+// The weights of a plan whose shim cannot pack them: this run's export of them, else the
+// array kept at planning (a capsule, consumed then, cannot be kept).
+py::handle PackedConv::unpacked_weights(py::handle w_array) const {
+  if (!w_array.is_none()) return w_array;
+  if (py::isinstance<py::str>(keep_w_))
+    throw py::type_error("w: this plan's weights were given as a DLPack capsule, which its "
+                         "planning consumed; pass them (exported again) to every run");
+  return keep_w_;
 }
 
 // y as given, or, for None and a NumPy x, a new NumPy array with the planned output's layout.

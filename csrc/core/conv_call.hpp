@@ -65,17 +65,22 @@ class PackedConv {
   PackedConv(const Shim& shim, const ConvSpec& spec, pybind11::handle x, pybind11::handle w,
              pybind11::handle y, pybind11::handle bias, pybind11::handle stream);
   // Runs the plan on x into y and returns y; y None (NumPy x only): into a new array with the
-  // planned output's shape and layout.
+  // planned output's shape and layout. w: the weights again, for a plan that could not pack
+  // them and was given them as a capsule (None: the array kept at planning).
   pybind11::object run(pybind11::handle x, pybind11::handle y, pybind11::handle bias,
-                       pybind11::handle stream, pybind11::handle workspace_alloc) const;
+                       pybind11::handle stream, pybind11::handle workspace_alloc,
+                       pybind11::handle w) const;
   bool packed() const { return keep_w_.is_none(); }
   std::string algo_name() const { return plan_->algo_name; }
 
  private:
   pybind11::object allocated_output(pybind11::handle x, pybind11::handle y) const;
+  pybind11::handle unpacked_weights(pybind11::handle w) const;
 
   std::shared_ptr<fdnn_client::Plan> plan_;
-  pybind11::object keep_w_;  // the caller's weights when the shim cannot pack (else None)
+  // the caller's weights when the shim cannot pack (else None; a str when they came as a
+  // capsule, which planning consumed)
+  pybind11::object keep_w_;
   TensorSignature x_signature_, y_signature_, bias_signature_;
   bool keep_gil_ = false;  // small CPU work runs with the GIL held
 };

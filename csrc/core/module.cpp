@@ -252,8 +252,18 @@ void bind_conv(py::module_& m) {
                     py::handle>(),
            py::arg("shim"), py::arg("spec"), py::arg("x"), py::arg("w"), py::arg("y"),
            py::arg("bias"), py::arg("stream"), py::keep_alive<1, 2>())
-      .def("run", &PackedConv::run, py::arg("x"), py::arg("y"), py::arg("bias"),
-           py::arg("stream"), py::arg("workspace_alloc"))
+      // Two bindings, not one with a default w: beyond five arguments (and self) pybind11
+      // allocates its argument vector on every call, and run is the allocation-free path.
+      .def(
+          "run",
+          [](const PackedConv& p, py::handle x, py::handle y, py::handle bias, py::handle stream,
+             py::handle workspace_alloc) {
+            return p.run(x, y, bias, stream, workspace_alloc, py::none());
+          },
+          py::arg("x"), py::arg("y"), py::arg("bias"), py::arg("stream"),
+          py::arg("workspace_alloc"))
+      .def("run_with_weights", &PackedConv::run, py::arg("x"), py::arg("y"), py::arg("bias"),
+           py::arg("stream"), py::arg("workspace_alloc"), py::arg("w"))
       .def_property_readonly("packed", &PackedConv::packed)
       .def_property_readonly("algo_name", &PackedConv::algo_name);
 }

@@ -43,7 +43,8 @@ PyObject* plan_call_call(PyObject* self, PyObject* args, PyObject* kwargs) {
     return result;
   }
   try {
-    py::object y = p->run->run(PyTuple_GET_ITEM(args, 0), py::none(), p->bias, py::none(), py::none());
+    py::object y = p->run->run(PyTuple_GET_ITEM(args, 0), py::none(), p->bias, py::none(),
+                               py::none(), py::none());
     return y.release().ptr();
   } catch (...) {
     set_python_error();

@@ -385,12 +385,25 @@ def _new_forward(nd, x, w, bias, stride, padding, dilation, groups, options) -> 
     return _remember(key, prepared)
 
 
+class _Shape(NamedTuple):
+    """An argument known by its shape only (what the shape checks read of an _Operand)."""
+
+    name: str
+    shape: tuple
+
+
+def forward_shape(nd, x_shape, w_shape, stride, padding, dilation, groups) -> tuple:
+    """(the output shape, the Geometry) of a forward convolution, its shape arguments
+    checked as conv() checks them, without asking any shim (flux_dnn.jax traces with it)."""
+    _check_rank(_Shape("x", tuple(x_shape)), nd, f"N, C, {SPATIAL[nd]}")
+    _check_rank(_Shape("w", tuple(w_shape)), nd, f"K, C/groups, {KERNEL[nd]}")
+    geo = geometry(nd, w_shape[2:], stride, padding, dilation, groups)
+    _check_channels(x_shape[1], tuple(w_shape), geo.groups, "x", "w", tuple(x_shape))
+    return (x_shape[0], w_shape[0], *output_sizes(x_shape[2:], w_shape[2:], geo)), geo
+
+
 def _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options) -> _Prepared:
-    _check_rank(xo, nd, f"N, C, {SPATIAL[nd]}")
-    _check_rank(wo, nd, f"K, C/groups, {KERNEL[nd]}")
-    geo = geometry(nd, wo.shape[2:], stride, padding, dilation, groups)
-    _check_channels(xo.shape[1], wo.shape, geo.groups, "x", "w", xo.shape)
-    out_shape = (xo.shape[0], wo.shape[0], *output_sizes(xo.shape[2:], wo.shape[2:], geo))
+    out_shape, geo = forward_shape(nd, xo.shape, wo.shape, stride, padding, dilation, groups)
     _check_bias(bo, wo.shape[0])
     operands = [xo, wo] if bo is None else [xo, wo, bo]
     _check_same(operands)
@@ -561,22 +574,29 @@ def _transpose_without_views(pattern, x, w, direct) -> tuple:
     return y, moved
 
 
+def transpose_shape(nd, x_shape, w_shape, stride, padding, out_padding, groups, dilation) -> tuple:
+    """(the output shape, the Geometry) of a transposed convolution, checked as
+    conv_transpose() checks its shape arguments, without asking any shim."""
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    _check_rank(_Shape("x", x_shape), nd, f"N, C_in, {SPATIAL[nd]}")
+    _check_rank(_Shape("w", w_shape), nd, f"C_in, C_out/groups, {KERNEL[nd]}")
+    groups_checked = as_groups(groups)
+    if x_shape[1] != w_shape[0]:
+        raise ValueError(
+            f"w: a transposed convolution's w is (C_in, C_out/groups, ...) = ({x_shape[1]}, ...), "
+            f"but w has shape {w_shape} for x of shape {x_shape}"
+        )
+    geo = geometry(nd, w_shape[2:], stride, padding, dilation, groups_checked, transposed=True)
+    out_sp = transposed_output_sizes(x_shape[2:], w_shape[2:], geo, output_padding(out_padding, nd, geo))
+    if any(s < 1 for s in out_sp):
+        raise ValueError(f"padding: {padding!r} leaves an output of size {out_sp} for x {x_shape} and w {w_shape}")
+    return (x_shape[0], w_shape[1] * groups_checked, *out_sp), geo
+
+
 def _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options) -> tuple:
     xo, wo = _operand(x, "x"), _operand(w, "w")
-    _check_rank(xo, nd, f"N, C_in, {SPATIAL[nd]}")
-    _check_rank(wo, nd, f"C_in, C_out/groups, {KERNEL[nd]}")
-    groups_checked = as_groups(groups)
-    if xo.shape[1] != wo.shape[0]:
-        raise ValueError(
-            f"w: a transposed convolution's w is (C_in, C_out/groups, ...) = ({xo.shape[1]}, ...), "
-            f"but w has shape {wo.shape} for x of shape {xo.shape}"
-        )
-    kernel = wo.shape[2:]
-    geo = geometry(nd, kernel, stride, padding, dilation, groups_checked, transposed=True)
-    out_sp = transposed_output_sizes(xo.shape[2:], kernel, geo, output_padding(out_padding, nd, geo))
-    if any(s < 1 for s in out_sp):
-        raise ValueError(f"padding: {padding!r} leaves an output of size {out_sp} for x {xo.shape} and w {wo.shape}")
-    out_shape = (xo.shape[0], wo.shape[1] * groups_checked, *out_sp)
+    out_shape, geo = transpose_shape(nd, xo.shape, wo.shape, stride, padding, out_padding, groups, dilation)
+    kernel, out_sp = wo.shape[2:], out_shape[2:]
     bo = None if bias is None else _operand(bias, "bias")
     _check_bias(bo, out_shape[1])
     _check_same([xo, wo] if bo is None else [xo, wo, bo])
@@ -617,6 +637,9 @@ class ConvPlan(_core.PlanCall):
         self._type, self._empty, self._adapter = type(x), prepared.empty, xo.adapter
         self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
         self._bias = bias  # exported on every call: a capsule is consumed once
+        # and so are the weights of a shim that cannot pack them (cuDNN, MIOpen), given as a
+        # capsule (torch's fast exporter) to a GPU plan
+        self._w = None if self._packed.packed else w
         self._gpu, self._direct = prepared.gpu, prepared.direct
         if prepared.direct and xo.adapter.name == "numpy":  # the core makes the output itself
             self._bind_fast(self._packed, bias, type(x))
@@ -669,7 +692,11 @@ class ConvPlan(_core.PlanCall):
             stream, workspace = adapter.stream(x), lambda n: adapter.workspace(x, n)
         else:
             stream = workspace = None
-        self._run(adapter.export(x), _export(out), _export(self._bias, "bias"), stream, workspace)
+        args = (adapter.export(x), _export(out), _export(self._bias, "bias"), stream, workspace)
+        if self._w is None:
+            self._run(*args)
+        else:
+            self._packed.run_with_weights(*args, _export(self._w, "w"))
         return out
 
     def __repr__(self):

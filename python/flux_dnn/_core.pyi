@@ -199,6 +199,17 @@ class PackedConv:
         self, x: Any, y: Any | None, bias: Any | None, stream: int | None, workspace_alloc: Callable[[int], Any] | None
     ) -> Any:
         """Runs the plan into y and returns y; y None (NumPy x only): into a new array."""
+    def run_with_weights(
+        self,
+        x: Any,
+        y: Any | None,
+        bias: Any | None,
+        stream: int | None,
+        workspace_alloc: Callable[[int], Any] | None,
+        w: Any,
+    ) -> Any:
+        """run, with the weights exported again: for a plan whose shim could not pack them and
+        that got them as a DLPack capsule (consumed by its planning)."""
     @property
     def packed(self) -> bool: ...
     @property
