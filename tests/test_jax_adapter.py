@@ -223,3 +223,27 @@ def test_empty_operands_give_zeros(rng):
     y, grads = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(fj.conv(x, w, padding=1)), (0, 1)))(x, w)
     assert float(y) == 0.0
     assert grads[0].shape == x.shape and grads[1].shape == w.shape and not jnp.any(grads[1])
+
+
+def test_trace_time_shapes_ask_no_shim():
+    """Output shapes and argument checks at trace time come from flux_dnn's shape rules alone
+    (the GPU check machine, a GPU-only install with no CPU shim, found jax.vjp of a CUDA conv
+    failing with 'no flux_dnn shim is installed for CPU arrays'). FLUX_DNN_SHIMS names only a
+    shim that cannot load on Linux, so any dispatch would raise."""
+    code = (
+        "import flux_dnn.jax as fj\n"
+        "from flux_dnn._geometry import geometry\n"
+        "conv = geometry(2, (3, 2), 2, ((1, 0), (2, 1)), 1, 2)\n"
+        "print(fj._probe('conv', (2, 6, 9, 7), (4, 3, 3, 2), conv))\n"
+        "tr = geometry(2, (3, 3), 2, 0, 1, 3, transposed=True)\n"
+        "print(fj._probe('transpose', (2, 6, 9, 7), (6, 2, 3, 3), tr, 0))\n"
+        "try:\n"
+        "    fj._probe('conv', (2, 6, 9, 7), (4, 3, 3, 2), geometry(2, (3, 2), 1, 0, 1, 4))\n"
+        "except ValueError as exc:\n"
+        "    print('ValueError', str(exc).split(':')[0])\n"
+    )
+    env = {**__import__("os").environ, "FLUX_DNN_SHIMS": "mps"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # (9 + 1 - 3) // 2 + 1 = 4, (7 + 3 - 2) // 2 + 1 = 5; transposed: (9 - 1) * 2 + 3 = 19, (7 - 1) * 2 + 3 = 15
+    assert out.stdout.splitlines() == ["(2, 4, 4, 5)", "(2, 6, 19, 15)", "ValueError groups"], out.stdout

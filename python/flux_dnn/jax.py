@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import flux_dnn
-from flux_dnn import _core
+from flux_dnn import _conv, _core
 from flux_dnn._conv import BACKWARD_DATA, BACKWARD_WEIGHT, FORWARD
 from flux_dnn._discovery import DTYPES, REGISTRY
 from flux_dnn._geometry import as_ints, equivalent_convolution, geometry, kept_rows
@@ -281,8 +281,8 @@ def _run(op, geo, out_shape, dtype, a, b):
 
 
 # ------------------------------------------------------------------------------------------
-# Trace side: shapes and validation come from flux_dnn itself, by calling it on arrays with
-# zero samples (it checks every argument and returns the result's shape without computing).
+# Trace side: shapes and validation come from flux_dnn's own shape checks (the ones conv()
+# and conv_transpose() run first), from shapes alone.
 
 
 def _check_dtype(*arrays):
@@ -295,14 +295,16 @@ def _check_dtype(*arrays):
 
 @functools.lru_cache(maxsize=1024)
 def _probe(kind, x_shape, w_shape, geo, output_padding=None):
-    # float32 whatever the dtype: shapes do not depend on it, and NumPy has no bfloat16 DLPack.
-    x = np.empty((0, *x_shape[1:]), np.float32)
-    w = np.empty(w_shape, np.float32)
+    # The checks and output shape of flux_dnn.conv / conv_transpose, from shapes alone: no
+    # shim is asked (a GPU-only install has no CPU shim, and tracing computes nothing).
+    nd = len(x_shape) - 2
     if kind == "conv":
-        y = flux_dnn.conv(x, w, None, geo.stride, geo.padding(), geo.dilation, geo.groups)
+        shape, _ = _conv.forward_shape(nd, x_shape, w_shape, geo.stride, geo.padding(), geo.dilation, geo.groups)
     else:
-        y = flux_dnn.conv_transpose(x, w, None, geo.stride, geo.padding(), output_padding, geo.groups, geo.dilation)
-    return (x_shape[0], *y.shape[1:])
+        shape, _ = _conv.transpose_shape(
+            nd, x_shape, w_shape, geo.stride, geo.padding(), output_padding, geo.groups, geo.dilation
+        )
+    return shape
 
 
 def _nd(x):
