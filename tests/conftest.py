@@ -7,6 +7,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# Shims never run on their vendor's hardware (MIOpen on its test double here) warn once on
+# first use; the suites exercise them on purpose (test_shims checks the warning itself).
+os.environ.setdefault("FLUX_DNN_UNVERIFIED_WARNING", "0")
+
 #: The base of the fixed seeds of a GPU run (FLUX_DNN_TEST_SEED_BASE overrides it).
 GPU_SEED_BASE = 20261203
 

@@ -60,6 +60,8 @@ def _print_shim(s) -> None:
         print(f"  device 0: {s.device_name}, default flags {flag_names(s.default_flags)}")
     for dtype, (how, detail) in s.dtype_support.items():
         print(f"  {dtype + ':':9} {how}" + (f" ({detail})" if detail else ""))
+    if s.verification:
+        print(f"  verified: {s.verification}")
     if s.path:
         print(f"  library:  {s.path}")
     if s.reason:

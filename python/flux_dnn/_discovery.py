@@ -61,6 +61,14 @@ class ShimSpec:
     #: with a readable reason when they are missing
     preload: Callable[[], None] | None = None
     install_hint: str = ""  #: what to install when this shim cannot load
+    #: What has been checked of this shim on its real vendor library and device, in words
+    #: (``python -m flux_dnn info`` prints it). Text starting "never" marks it unverified:
+    #: its first use in a process warns once (FLUX_DNN_UNVERIFIED_WARNING=0 silences it).
+    verification: str = ""
+
+    @property
+    def verified(self) -> bool:
+        return not self.verification.startswith("never")
 
 
 #: The dtypes of the ABI, by the names array libraries give them.
@@ -107,6 +115,7 @@ class ShimStatus:
     capabilities: dict = dataclasses.field(default_factory=dict)
     reason: str | None = None  #: why it cannot be used here; None when usable
     install_hint: str = ""
+    verification: str = ""  #: what was verified on the vendor's hardware (ShimSpec.verification)
 
     @property
     def usable(self) -> bool:
@@ -131,6 +140,7 @@ class _Entry:
         self.attempted = False
         self._capabilities: dict = {}  # (op, dtype, device_id) -> Shim.capabilities()
         self._devices: dict = {}  # device_id -> Shim.device_info()
+        self.warned_unverified = False
 
     @property
     def priority(self) -> int:
@@ -166,6 +176,24 @@ class _Entry:
 
     def why_not(self) -> str:
         return self.reason or (self.info or {}).get("unavailable_reason") or "unknown"
+
+
+def _warn_if_unverified(entry: _Entry) -> None:
+    """One UserWarning per process for a shim whose results were never checked on its
+    vendor's hardware (its package says so in ShimSpec.verification), on its first use."""
+    if entry.warned_unverified or entry.spec is None or entry.spec.verified:
+        return
+    entry.warned_unverified = True
+    if os.environ.get("FLUX_DNN_UNVERIFIED_WARNING", "1") == "0":
+        return
+    import warnings
+
+    warnings.warn(
+        f"flux_dnn shim {entry.name!r} is unverified: {entry.spec.verification}; its results have not been checked on "
+        "real hardware (FLUX_DNN_UNVERIFIED_WARNING=0 silences this warning)",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 class Registry:
@@ -291,6 +319,7 @@ class Registry:
         serving = [entry for entry in usable if entry.computes(dtype, device_id, op)]
         if not serving:
             raise TypeError(self._dtype_message(device_type, dtype, device_id, argument, usable, failures, op))
+        _warn_if_unverified(serving[0])
         return serving
 
     def shim_for(
@@ -368,6 +397,7 @@ class Registry:
             path=info.get("path", e.path),
             reason=e.reason or info.get("unavailable_reason"),
             install_hint=spec.install_hint if spec else "",
+            verification=spec.verification if spec else "",
         )
         if not e.usable:
             return status

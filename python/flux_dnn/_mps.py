@@ -29,4 +29,6 @@ def shim_spec() -> ShimSpec:
         # Metal and MPSGraph ship with macOS: nothing to load first, except the reason to stop.
         preload=None if NOT_HERE is None else _not_here,
         install_hint="pip install flux-dnn on macOS 13 or later (Apple silicon)",
+        verification="never compiled by Apple's SDK nor run on a Mac (syntax-checked on Linux: scripts/mac_check.sh "
+        "is the check to run on one)",
     )

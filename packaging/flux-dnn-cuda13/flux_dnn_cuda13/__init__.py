@@ -31,6 +31,14 @@ COMPANIONS = (
     (f"libnvrtc.so.{CUDA_MAJOR}", ("nvidia-cuda-nvrtc", f"nvidia-cuda-nvrtc-cu{CUDA_MAJOR}")),
 )
 
+# What scripts/gpu_check.sh has verified on a real GPU, per CUDA major (this file is also the
+# template of flux-dnn-cuda12, whose build has never run on one). A major not listed warns on
+# its first use (flux_dnn.ShimSpec.verification).
+GPU_CHECKS = {
+    13: "never run on a GPU",
+}
+VERIFICATION = GPU_CHECKS.get(CUDA_MAJOR, "never run on a GPU (built and loaded only)")
+
 __all__ = ["shim_spec", "find_libcudnn", "find_in_wheel"]
 
 
@@ -88,4 +96,5 @@ def shim_spec():
         library=str(LIBRARY),
         preload=_preload,
         install_hint=f"an NVIDIA GPU with a driver for CUDA {CUDA_MAJOR}, and pip install flux-dnn-cuda{CUDA_MAJOR}",
+        verification=VERIFICATION,
     )

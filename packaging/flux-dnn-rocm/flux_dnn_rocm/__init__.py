@@ -55,4 +55,6 @@ def shim_spec():
         library=str(LIBRARY),
         preload=_preload,
         install_hint="an AMD GPU with ROCm's MIOpen (or PyTorch for ROCm), and pip install flux-dnn-rocm",
+        verification="never run on an AMD GPU or a real MIOpen (its plumbing passes the ABI and conformance "
+        "suites on a MIOpen test double)",
     )
