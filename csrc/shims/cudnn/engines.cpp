@@ -100,8 +100,15 @@ std::vector<Candidate> engine_candidates(const ConvGraph& g) {
   return all;
 }
 
-// Why the caller's flags exclude this engine; empty when they do not.
+// Why this engine is not used for `p` (the caller's flags, or an engine known to compute
+// such a problem wrongly); empty when it may be.
 std::string excluded_by_flags(const Candidate& c, const ConvProblem& p) {
+  // Measured on cuDNN 9.19 (H200, GPU check of 2026-12-04): the runtime-compiled fusion
+  // engines (engines 7 and 52, knob 24=29) accepted channels-first conv + bias/activation
+  // graphs and left outputs unwritten or wrong (1-D, 1x1 and 3x3 outputs, float32 and
+  // float16), where channels-last graphs were right; cuDNN documents its runtime fusion for
+  // NHWC tensors. So runtime-compiled engines serve channels-last problems only.
+  if (c.runtime_compiled && !p.x.channels_last) return "runtime-compiled (channels-last only)";
   // Engines that convert inputs to a narrower type lose more than any flag allows (PyTorch
   // never uses them either).
   if (has_note(c, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return "down-converting inputs";

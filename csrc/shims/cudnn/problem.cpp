@@ -320,6 +320,12 @@ bool use_w_unstaged(ConvProblem* p) {
 bool cudnn_can_take(const ConvProblem& p) {
   for (const Operand* o : {&p.x, &p.w, &p.y})
     if (!o->staged && has_zero_stride(o->user)) return false;
+  // Measured, not documented: on cuDNN 9.19 (H200, GPU check of 2026-12-04) the heuristics'
+  // first backward-weight engine for 3-D grouped float16/bfloat16 problems with pre != post
+  // padding returned wrong values (relative error 1.5 to 1e18) without an error, where the
+  // symmetric problem was right. PyTorch never hands cuDNN asymmetric padding. A weight
+  // gradient reads x once anyway, so its padded copy costs little: always stage it.
+  if (p.op == FDNN_CONV_BACKWARD_WEIGHT && asymmetric(p) && !p.x.staged) return false;
   return true;
 }
 

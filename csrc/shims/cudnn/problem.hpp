@@ -104,7 +104,8 @@ struct ConvProblem {
 ConvProblem read_problem(const FDNN_Conv_Plan_Create_Args& args);
 
 // Whether cuDNN can be given the problem: no operand it reads in place repeats an element
-// (stride 0, which the ABI allows on what the op only reads; cuDNN takes positive strides).
+// (stride 0, which the ABI allows on what the op only reads; cuDNN takes positive strides),
+// and it is not a weight gradient with asymmetric padding (computed wrongly by cuDNN 9.19).
 bool cudnn_can_take(const ConvProblem& p);
 
 // The fallback for a problem cuDNN refuses: every operand that is not compact in its own
