@@ -16,8 +16,10 @@ faster). Also the host overhead per call on a tiny convolution.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -159,7 +161,8 @@ def main(argv=None) -> int:
         "--budget-s",
         type=float,
         default=float("inf"),
-        help="start no new layer after this many seconds (the summary still prints)",
+        help="start no new layer after this many seconds (the summary still prints); "
+        "--quick measures every dtype and layout on two layers first",
     )
     args = parser.parse_args(argv)
 
@@ -173,72 +176,94 @@ def main(argv=None) -> int:
     torch.backends.cudnn.benchmark = not args.heuristic
     algorithm = "heuristic" if args.heuristic else "benchmark"
     warmup, reps = (2, 5) if args.quick else (3, 15)
-    rows = []
     print(
         f"{torch.cuda.get_device_name()}, torch {torch.__version__} (cuDNN "
         f"{torch.backends.cudnn.version()}), flux_dnn {flux_dnn.__version__}, N={BATCH}, "
-        f"{'heuristic' if args.heuristic else 'benchmark'} mode on both"
+        f"{'heuristic' if args.heuristic else 'benchmark'} mode on both",
+        flush=True,
     )
-    print(f"{'layer':24} {'dtype':9} {'layout':6} {'op':10} {'torch ms':>9} {'flux ms':>9} {'ratio':>6}")
-    started = time.perf_counter()
-    for dtype_name in args.dtypes.split(","):
-        dtype = getattr(torch, dtype_name)
-        for channels_last in (False, True):
-            for layer in LAYERS:
-                if time.perf_counter() - started > args.budget_s:
-                    print(f"time budget spent: skipping {layer[0]} {dtype_name} {'NHWC' if channels_last else 'NCHW'}")
-                    continue
-                try:
-                    calls = make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm)
-                except Exception as exc:  # (a refused plan): report and go on
-                    print(f"{layer[0]:24} {dtype_name:9} setup FAILED: {type(exc).__name__}: {str(exc)[:120]}")
-                    rows.append(dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last, error=str(exc)))
-                    continue
-                for op in OPS:
-                    torch_fn, flux_fn, *fused = calls[op]
-                    try:
-                        t_ms = cuda_time_ms(torch_fn, torch, warmup, reps)
-                        f_ms = cuda_time_ms(flux_fn, torch, warmup, reps)
-                    except Exception as exc:  # report and go on: one failure must not hide the rest
-                        print(
-                            f"{layer[0]:24} {dtype_name:9} {'NHWC' if channels_last else 'NCHW':6} "
-                            f"{op:10} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-                        )
-                        rows.append(
-                            dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last, op=op, error=str(exc))
-                        )
-                        continue
-                    ratio = t_ms / f_ms
-                    rows.append(
-                        dict(
-                            layer=layer[0],
-                            dtype=dtype_name,
-                            channels_last=channels_last,
-                            op=op,
-                            torch_ms=t_ms,
-                            flux_ms=f_ms,
-                            ratio=ratio,
-                            **({"fused": fused[0]} if fused else {}),
-                        )
-                    )
-                    print(
-                        f"{layer[0]:24} {dtype_name:9} {'NHWC' if channels_last else 'NCHW':6} "
-                        f"{op:10} {t_ms:9.3f} {f_ms:9.3f} {ratio:6.2f}"
-                        f"{(' fused' if fused[0] else ' unfused') if fused else ''}"
-                    )
-                del calls
-                torch.cuda.empty_cache()
-    t_us, f_us = host_overhead_us(torch, flux_dnn, 2000 if args.quick else 10000)
+    results = dict(rows=[], host_us={}, plan_s={})
+    save = functools.partial(write_json, args.json, results)
+    # The plan-time figures first (small, and the first runtime compile of the process).
     try:
-        plan_s = plan_seconds(torch, flux_dnn)
+        results["plan_s"] = plan_seconds(torch, flux_dnn)
     except Exception as exc:  # report it with the rest
-        plan_s = {"error": f"{type(exc).__name__}: {exc}"}
-    print(f"plan seconds (NHWC float16 conv+bias+ReLU): {plan_s}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, host_us=dict(torch=t_us, flux_dnn=f_us), plan_s=plan_s), f, indent=1)
-    print_summary(rows, t_us, f_us)
+        results["plan_s"] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(f"plan seconds (NHWC float16 conv+bias+ReLU): {results['plan_s']}", flush=True)
+    t_us, f_us = host_overhead_us(torch, flux_dnn, 2000 if args.quick else 10000)
+    results["host_us"] = dict(torch=t_us, flux_dnn=f_us)
+    save()
+    print(f"{'layer':24} {'dtype':9} {'layout':6} {'op':10} {'torch ms':>9} {'flux ms':>9} {'ratio':>6}", flush=True)
+    started = time.perf_counter()
+    try:
+        for layer, dtype_name, channels_last in cases(args.dtypes.split(","), args.quick):
+            if time.perf_counter() - started > args.budget_s:
+                print(f"time budget spent: skipping {layer[0]} {dtype_name} {layout(channels_last)}")
+                continue
+            for row in measure_layer(torch, flux_dnn, layer, dtype_name, channels_last, algorithm, warmup, reps):
+                results["rows"].append(row)
+                save()  # a run killed at its limit keeps every row measured so far
+    except KeyboardInterrupt:  # the GPU check's step limit (SIGINT): keep what was measured
+        print("interrupted: the rows so far are written")
+    save()
+    print_summary(results["rows"], t_us, f_us)
     return 0
+
+
+def layout(channels_last: bool) -> str:
+    return "NHWC" if channels_last else "NCHW"
+
+
+def cases(dtypes, quick: bool):
+    """(layer, dtype, channels_last) in the order they are measured. Quick runs cover every
+    dtype and layout on two layers first, then the remaining layers, so a budget cut at any
+    point still leaves rows of every (dtype, layout)."""
+    combos = [(d, cl) for d in dtypes for cl in (False, True)]
+    if not quick:
+        return [(layer, d, cl) for d, cl in combos for layer in LAYERS]
+    first = [LAYERS[2], LAYERS[5]]  # a 3x3 and a 1x1 layer
+    rest = [layer for layer in LAYERS if layer not in first]
+    return [(layer, d, cl) for layer in first for d, cl in combos] + [
+        (layer, d, cl) for layer in rest for d, cl in combos
+    ]
+
+
+def measure_layer(torch, flux_dnn, layer, dtype_name, channels_last, algorithm, warmup, reps):
+    """The rows of one layer (each op; an error row for what failed), printed as measured."""
+    base = dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last)
+    try:
+        calls = make_calls(torch, flux_dnn, layer, getattr(torch, dtype_name), channels_last, algorithm)
+    except Exception as exc:  # (a refused plan): report and go on
+        print(f"{layer[0]:24} {dtype_name:9} setup FAILED: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        return [dict(base, error=str(exc))]
+    rows = []
+    for op in OPS:
+        torch_fn, flux_fn, *fused = calls[op]
+        head = f"{layer[0]:24} {dtype_name:9} {layout(channels_last):6} {op:10}"
+        try:
+            t_ms = cuda_time_ms(torch_fn, torch, warmup, reps)
+            f_ms = cuda_time_ms(flux_fn, torch, warmup, reps)
+        except Exception as exc:  # report and go on: one failure must not hide the rest
+            print(f"{head} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
+            rows.append(dict(base, op=op, error=str(exc)))
+            continue
+        rows.append(
+            dict(base, op=op, torch_ms=t_ms, flux_ms=f_ms, ratio=t_ms / f_ms, **({"fused": fused[0]} if fused else {}))
+        )
+        kind = (" fused" if fused[0] else " unfused") if fused else ""
+        print(f"{head} {t_ms:9.3f} {f_ms:9.3f} {t_ms / f_ms:6.2f}{kind}", flush=True)
+    del calls
+    torch.cuda.empty_cache()
+    return rows
+
+
+def write_json(path, results) -> None:
+    """Replaces the file whole (written aside, then renamed), so a kill never leaves half."""
+    if not path:
+        return
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def print_summary(rows, t_us, f_us) -> None:
