@@ -726,13 +726,29 @@ const NativeOps& native_ops(memory::data_type dt) {
 }
 
 
-// The heuristic plan, natively where oneDNN has a real kernel for this dtype and op, else (and
-// when a native attempt finds only the reference implementation or none for this shape)
-// computed in float32.
+// Whether a native 16-bit plan rounds its result once, as the header promises. oneDNN 3.2's
+// native float16/bfloat16 kernels round the convolution to the 16-bit type before a sum
+// post-op adds beta * y, and a staged backward output is rounded before its reorder applies
+// alpha and beta: twice rounded (tests/conformance/test_numerics.py's
+// test_results_are_rounded_once, on AVX512-FP16 and AVX512-BF16 CPUs). Such problems are
+// computed in float32 and rounded once.
+bool native_rounds_once(const FDNN_Conv_Plan_Create_Args& a) {
+  if (a.beta != 0.f) return false;
+  return a.op == FDNN_CONV_FORWARD || a.alpha == 1.f;
+}
+
+// Whether a 16-bit problem runs on oneDNN's own 16-bit kernels (else computed in float32).
+bool runs_native(const FDNN_Conv_Plan_Create_Args& a, memory::data_type dt) {
+  return native_ops(dt).op[a.op] && native_rounds_once(a);
+}
+
+// The heuristic plan, natively where oneDNN has a real kernel for this dtype and op that
+// rounds once, else (and when a native attempt finds only the reference implementation or
+// none for this shape) computed in float32.
 Plan heuristic_or_converted(const FDNN_Conv_Plan_Create_Args& a) {
   const memory::data_type dt = to_dnnl(a.x->dtype);
   if (!is_16bit(dt)) return heuristic_plan(a, 0);
-  if (native_ops(dt).op[a.op]) {
+  if (runs_native(a, dt)) {
     try {
       Plan plan = heuristic_plan(a, 0);
       if (plan.name.find("ref") == std::string::npos) return plan;
@@ -985,7 +1001,7 @@ Plan policy_plan(const FDNN_Conv_Plan_Create_Args& a) {
     double best = 0;
     Plan plan;
     const memory::data_type dt = to_dnnl(a.x->dtype);
-    const int64_t base = is_16bit(dt) && !native_ops(dt).op[a.op] ? kConverted : 0;
+    const int64_t base = is_16bit(dt) && !runs_native(a, dt) ? kConverted : 0;
     for (Layouts l : {kUserLayouts, kVendorWeights, kVendorLayouts, kBlocked16}) {
       try {
         Plan candidate = make_plan(a, base + l);
@@ -1160,7 +1176,9 @@ DtypeCapabilities find_capabilities(memory::data_type dt) {
   for (int32_t op = 0; op < FDNN_NUM_CONV_OPS; ++op) {
     const bool native = native_ops(dt).op[op];
     if (is_16bit(dt))
-      d.detail[op] = native ? std::string("oneDNN kernels for instruction set ") + isa
+      d.detail[op] = native ? std::string("oneDNN kernels for instruction set ") + isa +
+                                  (op == FDNN_CONV_FORWARD ? "; with beta" : "; with alpha or beta") +
+                                  " computed in float32 with one rounding"
                             : std::string("computed in float32 with one rounding (") +
                                   fdnn_shim::op_name(op) + "): oneDNN has no " + name +
                                   " kernel for instruction set " + isa;
