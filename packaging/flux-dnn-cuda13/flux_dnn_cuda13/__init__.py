@@ -35,7 +35,9 @@ COMPANIONS = (
 # template of flux-dnn-cuda12, whose build has never run on one). A major not listed warns on
 # its first use (flux_dnn.ShimSpec.verification).
 GPU_CHECKS = {
-    13: "never run on a GPU",
+    13: "GPU check passed 2026-12-04 on an NVIDIA H200 (sm_90, driver 580.159.04) with cuDNN 9.19.0, "
+    "torch 2.11 (cu130), CuPy 14.2 and JAX 0.11.2: ABI suite 375, conformance 482 and JAX 127 tests passed, "
+    "none failed (scripts/gpu_check.sh)",
 }
 VERIFICATION = GPU_CHECKS.get(CUDA_MAJOR, "never run on a GPU (built and loaded only)")
 
