@@ -528,11 +528,13 @@ fdnn_shim::Capabilities capabilities(int device, int32_t op, FDNN_DLDataType t) 
   c.detail = "cuDNN kernels";
   c.spatial_ranks = fdnn_shim::kRanks1To3;
   c.activations = fdnn_shim::activations_of_op(op, fdnn_shim::kEveryActivation);
-  // ASYMMETRIC_PADDING: the graph API's pre/post paddings are tried first; a padded copy
-  // only where cuDNN has no engine for them (stage_for_fallback).
+  // ASYMMETRIC_PADDING (by cuDNN itself): forward and backward-data try the graph API's
+  // pre/post paddings first, a padded copy only where cuDNN has no engine for them
+  // (stage_for_fallback); backward-weight always runs on a padded copy (cudnn_can_take: its
+  // engines computed asymmetric padding wrongly on the GPU check), so it does not claim it.
   c.features = FDNN_FEATURE_GROUPS | FDNN_FEATURE_DILATION | FDNN_FEATURE_ALPHA_BETA |
-               FDNN_FEATURE_ASYMMETRIC_PADDING | FDNN_FEATURE_DETERMINISTIC |
-               FDNN_FEATURE_BENCHMARK;
+               FDNN_FEATURE_DETERMINISTIC | FDNN_FEATURE_BENCHMARK;
+  if (op != FDNN_CONV_BACKWARD_WEIGHT) c.features |= FDNN_FEATURE_ASYMMETRIC_PADDING;
   if (op == FDNN_CONV_BACKWARD_WEIGHT) c.features |= FDNN_FEATURE_BIAS_GRADIENT;  // our kernel
   if (f16 || bf16 || (f32 && ampere)) c.features |= FDNN_FEATURE_REDUCED_PRECISION;
   return c;
