@@ -796,6 +796,16 @@ void run_primitive(const dnnl::primitive& p, dnnl::stream& s, const std::vector<
       "could not execute a primitive");
 }
 
+// A one-float scale for a reorder, in memory of its own. Never a pointer into the Plan: the
+// bound arguments outlive the Plan object they were made from when a plan is moved after its
+// first run -- a benchmark candidate is timed (bound) and then moved into the caller's plan,
+// and a scale pointing at the candidate's alpha then read freed stack memory (issue 23).
+memory scale_memory(float value) {
+  memory scale(memory::desc({1}, memory::data_type::f32, memory::format_tag::a), cpu_engine());
+  *static_cast<float*>(scale.get_data_handle()) = value;
+  return scale;
+}
+
 BoundArgs bind(const Plan& plan) {
   const dnnl::engine& eng = cpu_engine();
   BoundArgs b;
@@ -821,10 +831,7 @@ BoundArgs bind(const Plan& plan) {
       b.conv[o.arg] = st.staging;
       st.reorder = {{DNNL_ARG_FROM, o.output ? st.staging : st.user},
                     {DNNL_ARG_TO, o.output ? st.user : st.staging}};
-      if (o.reorder_scaled)
-        st.reorder[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] =
-            memory(memory::desc({1}, memory::data_type::f32, memory::format_tag::a), eng,
-                   const_cast<float*>(&plan.alpha));
+      if (o.reorder_scaled) st.reorder[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scale_memory(plan.alpha);
       st.reorder_c = c_args(st.reorder);
     }
   }
