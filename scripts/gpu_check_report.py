@@ -199,7 +199,12 @@ def table(logs_dir: str, rehearsal: bool = False) -> int:
     head = ["==================== gpu_check summary ===================="]
     if rehearsal:
         head.append("REHEARSAL (no GPU): steps up to the first GPU call, test selection collected only")
-    head += [f"FAILED: {r}" for r in reasons[:6]] or ["PASSED: every step ran, no test failed, each group passed tests"]
+    passed = (
+        "REHEARSED: every step up to the first GPU call ran; each group's tests collected, none run"
+        if rehearsal
+        else "PASSED: every step ran, no test failed, each group passed tests"
+    )
+    head += [f"FAILED: {r}" for r in reasons[:6]] or [passed]
     if len(reasons) > 6:
         head.append(f"FAILED: ... and {len(reasons) - 6} more reasons")
     step_lines = [f"{'step':34} {'result':14} {'s':>5} {'limit':>5}"]
