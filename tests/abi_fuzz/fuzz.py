@@ -19,8 +19,16 @@ one category:
   memory            a buffer's guard bytes changed (written out of bounds)
   crash             the process died (signal); replayed alone to name the case
   hang              no answer within --timeout seconds
+  wrong             valid, executed, but an element of the written tensor (y, dx, dw, the
+                    bias gradient) differs from the float64 reference here, or was left
+                    unwritten (outputs are NaN before the call unless beta reads them)
   any               a mutation the header leaves open (unknown flags, algo_id), no crash
   fuzzer-error      the fuzzer itself raised (its bug, not the shim's: fix it)
+
+Every plan a valid case executes gets random inputs (quarters in [-1, 1], exact in every
+dtype) written through its descriptors' strides, and its result is compared with a float64
+reference (tests/reference.py's convolutions, the epilogue out = alpha * act(conv + bias) +
+beta * out written below) within a tolerance per dtype.
 
 Every case is a pure function of (seed, index): `--seed S --case I` replays one case alone,
 and each bad outcome is printed with that one-line reproducer.
@@ -45,9 +53,12 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: the ABI suite's ctypes mirror and shim list
 
+import reference as ref  # noqa: E402 -- tests/reference.py: float64 convolutions
 from abi import fdnn_ctypes as F  # noqa: E402
 from abi.fdnn_ctypes import ABI  # noqa: E402
 
@@ -56,7 +67,16 @@ SIZE_MAX = 2**64 - 1
 GUARD = 64  # bytes of 0xA5 before and after every buffer
 POISON = 0xA5
 SENTINEL = 0x5EED  # out fields are preset to this: an error must leave them so
-BAD_CATEGORIES = ("crash", "hang", "accepted-invalid", "wrong-code", "wrote-on-error", "memory", "fuzzer-error")
+BAD_CATEGORIES = (
+    "crash",
+    "hang",
+    "accepted-invalid",
+    "wrong-code",
+    "wrote-on-error",
+    "memory",
+    "wrong",
+    "fuzzer-error",
+)
 CATEGORIES = ("ok-valid", "refused-invalid", "refused-valid", "any") + BAD_CATEGORIES
 DTYPES = {"float32": (2, 32), "float64": (2, 64), "float16": (2, 16), "bfloat16": (4, 16)}
 
@@ -83,6 +103,14 @@ def out_size(x, k, stride, dil, lo, hi):
     if max(abs(extent), abs(padded)) > INT64_MAX:
         return None
     return (padded - extent) // stride + 1 if padded >= extent else None
+
+
+def host_memory_devices() -> tuple:
+    """The device types whose memory is host memory here: the CPU, and ROCm when the MIOpen
+    shim runs on its test double (.ci/fuzz.sh sets FLUX_DNN_FUZZ_ROCM_DOUBLE=1 with
+    FLUX_DNN_MIOPEN_LIBRARY; never with FLUX_DNN_MIOPEN_REAL=1, a real AMD GPU)."""
+    double = os.environ.get("FLUX_DNN_FUZZ_ROCM_DOUBLE") == "1" and os.environ.get("FLUX_DNN_MIOPEN_REAL") != "1"
+    return (ABI.DEVICE_CPU, ABI.DEVICE_ROCM) if double else (ABI.DEVICE_CPU,)
 
 
 class Tensor:
@@ -142,8 +170,9 @@ class Case:
         self.algo_id = 0
         self.workspace_limit = SIZE_MAX
         self.struct_size_delta = 0
-        # Descriptors carry data pointers (host memory: CPU shims only), and plans execute.
-        self.with_data = device_type == ABI.DEVICE_CPU
+        # Descriptors carry data pointers (host memory: CPU shims, and the MIOpen shim on its
+        # test double), and plans execute.
+        self.with_data = device_type in host_memory_devices()
         self.device_type, self.num_devices = device_type, num_devices
         for t in self.tensors():
             t.device[0] = device_type
@@ -558,6 +587,135 @@ class Buffer:
         )
 
 
+# ---------------------------------------------------------------------------------------------
+# Numbers: the inputs of an executed plan, and its result against a float64 reference
+
+#: FDNN_ACTIVATION_* -> tests/reference.py's name; parameters from activation_alpha/_beta.
+ACTIVATION_NAMES = {
+    1: "relu",
+    2: "leaky_relu",
+    3: "clip",
+    4: "sigmoid",
+    5: "tanh",
+    6: "gelu_tanh",
+    7: "gelu",
+    8: "silu",
+}
+#: Tolerance relative to max(1, |expected|) per (dtype code, bits): float32 sums of quarters
+#: are exact, a 16-bit result is rounded once or twice, an activation adds its own arithmetic.
+TOLERANCE = {(2, 64): 1e-12, (2, 32): 2e-4, (2, 16): 2e-3, (4, 16): 1e-2}
+NUMPY_TYPES = {(2, 64): np.float64, (2, 32): np.float32, (2, 16): np.float16, (4, 16): np.uint16}
+COMPARED = "result compared"  # the detail of an ok-valid case whose result matched the reference
+
+
+def element_view(buffer: Buffer, t: Tensor) -> np.ndarray:
+    """t's elements in buffer, through its shape and strides (bfloat16 as its uint16 bits)."""
+    esize = t.dtype[1] // 8
+    raw = (C.c_ubyte * buffer.nbytes).from_address(buffer.start + t.misalign + t.byte_offset)
+    return np.ndarray(
+        tuple(t.shape),
+        NUMPY_TYPES[tuple(t.dtype[:2])],
+        buffer=raw,
+        strides=tuple(s * esize for s in t.strides),
+    )
+
+
+def to_float64(view: np.ndarray, dtype) -> np.ndarray:
+    if tuple(dtype[:2]) == (4, 16):  # bfloat16: the high half of a float32
+        return (np.ascontiguousarray(view).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return view.astype(np.float64)
+
+
+def from_float64(values: np.ndarray, dtype) -> np.ndarray:
+    if tuple(dtype[:2]) == (4, 16):  # exact for the values written here (quarters, NaN)
+        return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(NUMPY_TYPES[tuple(dtype[:2])])
+
+
+def epilogue(result, alpha, beta, old, activation=None):
+    """out = alpha * act(result) + beta * out_old, in float64 (result includes the bias); beta
+    = 0 does not read out_old (it is NaN)."""
+    out = alpha * ref.activate(result, activation)
+    return out + beta * old if beta != 0.0 else out
+
+
+class Numbers:
+    """Writes random inputs into the read tensors of a valid case (through their strides, so a
+    broadcast stride reads what the last write left), NaN into the written ones (or random
+    old values where beta reads them), and keeps the float64 reference of the result."""
+
+    def __init__(self, c: Case, buffers: dict):
+        self.c = c
+        self.rng = np.random.default_rng(c.rng.getrandbits(64))
+        self.views = {}
+        reads = {0: ["x", "w", "bias"], 1: ["y", "w"], 2: ["x", "y"]}[c.op]
+        writes = {0: ["y"], 1: ["x"], 2: ["w", "bias"]}[c.op]
+        values = {}
+        for name in reads + writes:
+            t = getattr(c, name)
+            if t is None:
+                continue
+            view = self.views[name] = element_view(buffers[name], t)
+            if name in writes:  # the whole buffer, gaps included
+                whole = buffers[name].nbytes // (t.dtype[1] // 8)
+                flat = Tensor([whole], t.dtype[:2])
+                element_view(buffers[name], flat)[...] = from_float64(np.full(whole, np.nan), t.dtype)
+                if c.beta == 0.0:
+                    values[name] = None
+                    continue
+            view[...] = from_float64(self.rng.integers(-4, 5, t.shape) / 4, t.dtype)
+            values[name] = to_float64(view, t.dtype)  # what the shim reads (a 0 stride: the last write)
+        geometry = (c.stride[: c.rank], c.lo[: c.rank], c.hi[: c.rank], c.dilation[: c.rank], c.groups)
+        self.expected = {}
+        if c.op == 0:
+            conv = ref.conv_forward(values["x"], values["w"], values.get("bias"), *geometry)
+            activation = None
+            if c.activation:
+                activation = (ACTIVATION_NAMES[c.activation],) + {2: (c.act_a,), 3: (c.act_a, c.act_b)}.get(
+                    c.activation, ()
+                )
+            self.expected["y"] = epilogue(conv, c.alpha, c.beta, values["y"], activation)
+        elif c.op == 1:
+            dx = ref.conv_backward_data(values["y"], values["w"], tuple(c.x.shape), *geometry)
+            self.expected["x"] = epilogue(dx, c.alpha, c.beta, values["x"])
+        else:
+            dw = ref.conv_backward_weight(values["x"], values["y"], tuple(c.w.shape), *geometry)
+            self.expected["w"] = epilogue(dw, c.alpha, c.beta, values["w"])
+            if c.bias is not None:  # the bias gradient, with the same alpha and beta
+                db = values["y"].sum(axis=(0, *range(2, c.rank + 2)))
+                self.expected["bias"] = epilogue(db, c.alpha, c.beta, values["bias"])
+
+    def what(self) -> str:
+        c = self.c
+        dtype = {v: k for k, v in DTYPES.items()}.get(tuple(c.x.dtype[:2]), c.x.dtype[:2])
+        return (
+            f"op {c.op}, {dtype}, alpha {c.alpha}, beta {c.beta}, activation {c.activation}, "
+            f"policy {c.policy}, flags {c.flags:#x}"
+        )
+
+    def check(self) -> str:
+        """'' when every written element matches the reference, else what differs."""
+        for name, expected in self.expected.items():
+            t = getattr(self.c, name)
+            got = to_float64(self.views[name], t.dtype)
+            unwritten = int(np.isnan(got).sum())
+            if unwritten:
+                return f"{name}: {unwritten} of {got.size} elements unwritten (NaN)"
+            tol = TOLERANCE[tuple(t.dtype[:2])]
+            if self.c.flags & ABI.CONV_ALLOW_REDUCED_PRECISION:
+                tol = max(tol, TOLERANCE[(4, 16)])  # float32 computed in bfloat16 is allowed
+            diff = np.abs(got - expected)
+            bound = tol * max(1.0, float(np.abs(expected).max(initial=0.0)))
+            if diff.size and float(diff.max()) > bound:
+                i = np.unravel_index(int(diff.argmax()), diff.shape)
+                bad = int((diff > bound).sum())
+                return (
+                    f"{name}: {bad} of {diff.size} elements off, the worst by {float(diff.max()):.4g} at "
+                    f"{tuple(int(v) for v in i)} (got {got[i]:.6g}, expected {expected[i]:.6g})"
+                )
+        return ""
+
+
 MAX_BUFFER = 1 << 24
 FAKE_ADDRESS = 1 << 20  # a data pointer that plan creation may check but never reads
 
@@ -759,6 +917,7 @@ def execute(shim, c: Case, a, buffers) -> tuple:
         e.workspace = None
     else:
         invalid = False
+    numbers = None if invalid else Numbers(c, buffers)
     error = shim.call("Conv_Plan_Execute", e)
     if not all(b.intact() for b in list(buffers.values()) + [ws]):
         return "memory", f"execute({kind or 'plain'}) wrote past a buffer or the workspace"
@@ -770,7 +929,10 @@ def execute(shim, c: Case, a, buffers) -> tuple:
         return "refused-invalid", f"execute:{kind}"
     if error is not None:
         return "refused-valid", f"execute: {error[0]}: {error[1][:200]}"
-    return "ok-valid", ""
+    wrong = numbers.check()
+    if wrong:
+        return "wrong", f"{wrong} ({numbers.what()}, {a.algo_name.decode(errors='replace') if a.algo_name else '?'})"
+    return "ok-valid", COMPARED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -882,14 +1044,16 @@ def report(shim: str, seed: int, r: dict) -> None:
     )
 
 
-def fuzz(shim: str, seeds: list, cases: int, batch: int, timeout: float, verbose: bool) -> collections.Counter:
-    counts = collections.Counter()
+def fuzz(shim: str, seeds: list, cases: int, batch: int, timeout: float, verbose: bool) -> tuple:
+    """(counts per category, how many executed plans were compared with the reference)."""
+    counts, compared = collections.Counter(), 0
     for seed in seeds:
         results: dict = {}
         for start in range(0, cases, batch):
             run_range(shim, seed, start, min(start + batch, cases), timeout, results, verbose)
         counts.update(r["category"] for r in results.values())
-    return counts
+        compared += sum(r["detail"] == COMPARED or r["category"] == "wrong" for r in results.values())
+    return counts, compared
 
 
 def usable_shims() -> list:
@@ -937,16 +1101,22 @@ def main(argv=None) -> int:
         return 0
     seeds = args.seed or CI_SEEDS + [int.from_bytes(os.urandom(4), "little")]
     print(f"fuzzing {', '.join(shims)} with seeds {seeds} ({args.cases} cases each)", flush=True)
-    table, bad = {}, 0
+    table, compared, bad = {}, {}, 0
     for shim in shims:
         t0 = time.monotonic()
-        counts = fuzz(shim, seeds, args.cases, args.batch, args.timeout, args.verbose)
+        counts, compared[shim] = fuzz(shim, seeds, args.cases, args.batch, args.timeout, args.verbose)
         table[shim] = dict(counts)
         bad += sum(counts[k] for k in BAD_CATEGORIES)
         line = ", ".join(f"{k} {counts[k]}" for k in CATEGORIES if counts[k])
-        print(f"{shim}: {sum(counts.values())} cases in {time.monotonic() - t0:.0f} s: {line}", flush=True)
+        print(
+            f"{shim}: {sum(counts.values())} cases in {time.monotonic() - t0:.0f} s: {line} "
+            f"({compared[shim]} executed plans compared with the float64 reference)",
+            flush=True,
+        )
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"seeds": seeds, "cases": args.cases, "counts": table}, indent=1))
+        pathlib.Path(args.json).write_text(
+            json.dumps({"seeds": seeds, "cases": args.cases, "counts": table, "compared": compared}, indent=1)
+        )
     if bad:
         print(f"FAIL: {bad} cases crashed, hung, or broke the header's rules (see the reproducers above)")
         return 1
