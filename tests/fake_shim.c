@@ -411,7 +411,7 @@ static void accumulate(const FDNN_Plan* p, const float* x, const float* w, const
       }
 }
 
-/* out = act(alpha * (acc + bias)) + beta * out, over the written tensor. */
+/* out = alpha * act(acc + bias) + beta * out, over the written tensor. */
 static void write_out(const FDNN_Plan* p, const double* acc, const float* bias, float* out) {
   const int64_t* shape = p->op == FDNN_CONV_FORWARD ? p->y_shape : p->op == FDNN_CONV_BACKWARD_DATA ? p->x_shape : p->w_shape;
   const int64_t* strides = p->op == FDNN_CONV_FORWARD ? p->y_strides
@@ -424,8 +424,8 @@ static void write_out(const FDNN_Plan* p, const double* acc, const float* bias, 
           for (s[2] = 0; s[2] < shape[4]; ++s[2]) {
             double v = acc[dense(shape, a, b, s)];
             if (p->op == FDNN_CONV_FORWARD && p->has_bias) v += bias[b * p->bias_stride];
-            v *= p->alpha;
             if (p->activation == FDNN_ACTIVATION_RELU && v < 0) v = 0;
+            v *= p->alpha;
             float* at = out + offset(strides, a, b, s);
             *at = (float)(p->beta != 0.f ? v + (double)p->beta * *at : v);
           }

@@ -158,8 +158,9 @@ def activate(v, activation):
 
 
 def epilogue(result, alpha=1.0, beta=0.0, old=None, activation=None):
-    """The header's order: out = act(alpha * result) + beta * out_old (result includes bias)."""
-    out = activate(alpha * np.asarray(result, dtype=np.float64), activation)
+    """The header's epilogue: out = alpha * act(result) + beta * out_old (result includes the
+    bias; the activation, forward only, before alpha)."""
+    out = alpha * activate(np.asarray(result, dtype=np.float64), activation)
     if beta != 0.0:
         out = out + beta * np.asarray(old, dtype=np.float64)
     return out

@@ -305,7 +305,7 @@ def conv_case(
     bq = values(store_as(bv, dtype), dtype) if bias else None
     kw = dict(stride=g["stride"], lo=g["lo"], hi=g["hi"], dilation=g["dilation"], groups=groups)
     if op == FORWARD:
-        expected = activation_ref(alpha * ref.conv_forward(xq, wq, bq, **kw), act, act_a, act_b)
+        expected = alpha * activation_ref(ref.conv_forward(xq, wq, bq, **kw), act, act_a, act_b)
     elif op == BACKWARD_DATA:
         expected = alpha * ref.conv_backward_data(yq, wq, xq.shape, **kw)
     else:

@@ -65,3 +65,33 @@ def test_backward_weight_and_transposed_with_alpha_under_benchmark(rng, fresh_au
     y = np.full((2, 8, 10, 10), np.nan, np.float32)
     flux_dnn.conv_transpose2d(dy, wt, padding=1, alpha=alpha, out=y, algorithm="benchmark")
     _close(y, alpha * ref.conv_transpose(dy, wt, None, (1, 1), (1, 1), (0, 0), (1, 1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# out = alpha * act(conv + bias) + beta * out
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh", "gelu", "gelu_tanh", "silu", "relu"])
+@pytest.mark.parametrize("alpha, beta", [(-1.5, 0.0), (0.5, 0.0), (-0.75, 1.0), (0.25, 1.0)])
+@pytest.mark.parametrize("algorithm", ["heuristic", "benchmark"])
+def test_alpha_scales_the_activated_result(rng, fresh_autotune, activation, alpha, beta, algorithm):
+    """conv2d(..., activation=a, alpha, beta, out) is alpha * a(conv + bias) + beta * out."""
+    x = rng.standard_normal((2, 4, 7, 7)).astype(np.float32)
+    w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    old = rng.standard_normal((2, 5, 7, 7)).astype(np.float32)
+    out = old.copy() if beta else np.full(old.shape, np.nan, np.float32)
+    conv = ref.conv_forward(x, w, b, lo=(1, 1), hi=(1, 1))
+    expected = alpha * ref.activate(conv, activation) + beta * old
+    flux_dnn.conv2d(x, w, b, padding=1, activation=activation, alpha=alpha, beta=beta, out=out, algorithm=algorithm)
+    _close(out, expected)
+
+
+def test_the_documented_example_of_the_issue(rng):
+    """activation="sigmoid", alpha=0.5: 0.5 * sigmoid(v), not sigmoid(0.5 * v)."""
+    x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    y = flux_dnn.conv2d(x, w, activation="sigmoid", alpha=0.5)
+    v = ref.conv_forward(x, w)
+    _close(y, 0.5 / (1 + np.exp(-v)))
+    assert np.asarray(y).max() <= 0.5

@@ -47,7 +47,7 @@ def rng():
 def reference(
     x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, alpha=1.0, beta=0.0, y0=None, activation=None
 ):
-    """y = act(alpha * (conv(x, w) + bias)) + beta * y0 in float64, by kernel taps."""
+    """y = alpha * act(conv(x, w) + bias) + beta * y0 in float64, by kernel taps."""
     x, w = x.astype(np.float64), w.astype(np.float64)
     nd = x.ndim - 2
     stride = (stride,) * nd if np.isscalar(stride) else tuple(stride)
@@ -72,13 +72,13 @@ def reference(
             y[:, g * kg : (g + 1) * kg] += np.einsum("nc...,kc->nk...", xs[:, g * cg : (g + 1) * cg], wg)
     if bias is not None:
         y += bias.astype(np.float64).reshape((1, k) + (1,) * nd)
-    y *= alpha
     if activation == "relu":
         y = np.maximum(y, 0)
     elif isinstance(activation, tuple) and activation[0] == "leaky_relu":
         y = np.where(y > 0, y, activation[1] * y)
     elif isinstance(activation, tuple) and activation[0] == "clip":
         y = np.minimum(np.maximum(y, activation[1]), activation[2])
+    y *= alpha
     if beta != 0:
         y += beta * y0.astype(np.float64)
     return y

@@ -22,9 +22,10 @@ _COMMON_DOC = """
     Keyword-only:
       activation: None, a name (``"relu"``, ``"sigmoid"``, ``"tanh"``, ``"gelu"``,
         ``"gelu_tanh"``, ``"silu"``) or ``("leaky_relu", slope)`` / ``("clip", lo, hi)``,
-        fused into the vendor primitive after bias and alpha.
+        fused into the vendor primitive after bias, before alpha.
       out: an existing array to write (same library, device, dtype, and the result's shape).
-      alpha, beta: ``out = act(alpha * (conv + bias)) + beta * out``; beta needs ``out``.
+      alpha, beta: ``out = alpha * act(conv + bias) + beta * out`` (alpha scales the
+        activated value); beta needs ``out``.
       deterministic: bitwise reproducible algorithms only (matters on GPUs; oneDNN's CPU
         convolutions are deterministic for a fixed thread count).
       allow_reduced_precision: None for the device's default (TF32 on NVIDIA as in PyTorch,

@@ -143,9 +143,9 @@ class Problem:
         g = dict(self.geo)
         if self.op == ABI.CONV_FORWARD:
             r = ref.conv_forward(v["x"], v["w"], v.get("bias"), **g)
-            r = self.alpha * r
             if self.activation != "none":
                 r = _activation_ref(r, self.activation, *self.act)
+            r = self.alpha * r  # the header's alpha * act(conv + bias)
         elif self.op == ABI.CONV_BACKWARD_DATA:
             r = self.alpha * ref.conv_backward_data(v["y"], v["w"], v["x"].shape, **g)
         else:

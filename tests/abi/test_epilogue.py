@@ -11,6 +11,8 @@ poisoned with NaN unless beta reads them, and the float64 reference is computed 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -76,3 +78,48 @@ def test_benchmark_policy_applies_alpha_and_beta_as_the_heuristic_does(shim, rng
                 _assert_close(p.result("bias"), expected_db, dtype, f"{op} bias gradient, run {run + 1}")
     finally:
         shim.destroy(handle)
+
+
+# ---------------------------------------------------------------------------------------------
+# out = alpha * act(conv + bias) + beta * out
+
+
+def _sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+#: Activations that do not commute with scaling: act(alpha * v) != alpha * act(v).
+NON_COMMUTING = {
+    "sigmoid": _sigmoid,
+    "tanh": np.tanh,
+    "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))),
+    "gelu_erf": lambda v: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
+    "silu": lambda v: v * _sigmoid(v),
+    "relu": lambda v: np.maximum(v, 0),  # commutes with positive alpha only
+}
+
+
+@pytest.mark.parametrize("activation", sorted(NON_COMMUTING))
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("alpha, beta", [(-1.5, 0.0), (0.5, 0.0), (-0.75, 1.0), (0.25, 1.0)])
+@pytest.mark.parametrize("policy", ["heuristic", "benchmark"])
+def test_alpha_scales_the_activated_result(shim, rng, activation, dtype, alpha, beta, policy):
+    """y = alpha * act(conv(x, w) + bias) + beta * y, never act(alpha * (conv + bias))."""
+    on_cpu(shim)
+    caps = served(shim, ABI.CONV_FORWARD, dtype)
+    if not caps.features & FEATURES["ALPHA_BETA"]:
+        pytest.skip(f"{dtype}: no ALPHA_BETA reported")
+    if not caps.activations & (1 << ABI.group("ACTIVATION_")[activation.upper()]):
+        pytest.skip(f"{activation} is not fused in {dtype}")
+    algo = ABI.ALGO_BENCHMARK if policy == "benchmark" else ABI.ALGO_HEURISTIC
+    kw = dict(dtype=dtype, alpha=alpha, beta=beta, bias=True, activation=activation, policy=algo)
+    p = Problem(shim, **kw, seed=_seed(rng))
+    v = p.values
+    expected = alpha * NON_COMMUTING[activation](ref.conv_forward(v["x"], v["w"], v["bias"], **p.geo))
+    expected = expected + beta * v["y"]
+    handle, size = plan(shim, p)
+    try:
+        _execute(shim, p, handle, size)
+    finally:
+        shim.destroy(handle)
+    _assert_close(p.result(), expected, dtype, f"alpha {alpha} * {activation}(conv + bias) + {beta} * y")

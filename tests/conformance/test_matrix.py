@@ -7,7 +7,13 @@ sizes; bias, activation, alpha/beta, out=), and the padding form cycles so that 
 every backend meets every form. The seed of a failing test is printed with it
 (FLUX_DNN_TEST_SEED=<seed> replays it)."""
 
+import math
+
+import numpy as np
 import pytest
+
+import flux_dnn
+import reference as ref
 
 from . import problems as P
 from .conftest import DTYPES, OPS, RANKS
@@ -87,3 +93,50 @@ def test_plan_reports_packing_as_claimed(backend, rng):
     g = P.draw("plan", rng, int(rng.choice(sorted(cap.ranks))), "int", cap)
     plan = P.RUNNERS["plan"](backend.lib, rng, dtype, "contiguous", g, P.Epilogue(), {}, repr(backend))
     assert plan.weights_packed == ("pack_weights" in cap.features)
+
+
+def _sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+#: Activations that do not commute with scaling (act(alpha * v) != alpha * act(v)), in
+#: float64, written here rather than taken from reference.py (whose epilogue they check).
+NON_COMMUTING = {
+    "sigmoid": _sigmoid,
+    "tanh": np.tanh,
+    "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))),
+    "gelu": lambda v: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
+    "silu": lambda v: v * _sigmoid(v),
+}
+
+
+@pytest.mark.matrix(activation=tuple(NON_COMMUTING), alpha=(-1.5, 0.5), beta=(0.0, 1.0))
+def test_alpha_scales_the_activated_result(backend, rng, activation, alpha, beta):
+    """Issue 23: every shim computes the header's y = alpha * act(conv + bias) + beta * y,
+    never act(alpha * (conv + bias)); into a NaN-poisoned out= (beta 0) or onto old values."""
+    dtype = backend.some_dtype("forward", rng, prefer="float32")
+    cap = backend.require("forward", dtype, activation=activation, features=("alpha_beta",))
+    if beta and not backend.lib.writable:
+        pytest.skip(f"{backend.lib.name} arrays cannot be written: beta needs out=")
+    nd = int(rng.choice(sorted(cap.ranks)))
+    layout = str(rng.choice(backend.layouts()))
+    backend.require("forward", dtype, nd, activation=activation, layout=layout)
+    g = P.draw("forward", rng, nd, "int", cap, backend.lib, layout)
+    x, w, b, old = (P.grid(rng, s) for s in (g.x_shape, g.w_shape, (g.K,), g.y_shape))
+    expected = alpha * NON_COMMUTING[activation](ref.conv_forward(x, w, b, *g.ref())) + beta * old
+    lib = backend.lib
+    out = None
+    if lib.writable:
+        out = lib.array(old, dtype, layout) if beta else lib.nan(g.y_shape, dtype, layout)
+    result = flux_dnn.conv(
+        lib.array(x, dtype, layout),
+        lib.array(w, dtype),
+        lib.array(b, dtype),
+        **g.kwargs(),
+        activation=activation,
+        alpha=alpha,
+        beta=beta,
+        out=out,
+        allow_reduced_precision=False,
+    )
+    P.assert_close(lib, result, expected, dtype, f"alpha * {activation}(conv + bias) + beta * y", repr(backend))

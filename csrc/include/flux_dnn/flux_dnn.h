@@ -305,9 +305,14 @@ typedef FDNN_Error* FDNN_Device_Describe(FDNN_Device_Describe_Args* args);
  *                    the transposed convolution of x := dy
  *   BACKWARD_WEIGHT  reads x, y (dy), writes w (dw) and, when bias is described, the
  *                    bias gradient db = sum of dy over N and spatial dims.
- * The written tensor gets  out = alpha * result + beta * out  (beta = 0: out is not read).
- * The activation is applied after bias and alpha, before beta accumulation, FORWARD only:
- *   y = act(alpha * (conv(x, w) + bias)) + beta * y.
+ * The written tensor gets  out = alpha * result + beta * out  (beta = 0: out is not read),
+ * as a BLAS gemm's alpha and beta. On FORWARD the result is the activated sum, so the
+ * activation comes after bias and before alpha:
+ *   y = alpha * act(conv(x, w) + bias) + beta * y
+ * (activation = sigmoid, alpha = 0.5: 0.5 * sigmoid(v), never sigmoid(0.5 * v); with NONE,
+ * alpha * (conv + bias)). Every shim computes this one meaning, whatever its vendor fuses
+ * (cuDNN's fused operation is act(alpha1 * conv + bias): a shim uses it only where the two
+ * agree, alpha 1 and beta 0).
  */
 
 typedef struct FDNN_Plan FDNN_Plan; /* opaque; owned by the caller, freed by Plan_Destroy */

@@ -484,6 +484,21 @@ struct Exec {
 
   T* buf(size_t off) const { return reinterpret_cast<T*>(ws + off); }
 
+  // alpha's place in the forward epilogue, out = alpha * act(conv + bias) + beta * out.
+  // Without an activation it scales the sum, in the GEMM (the bias premultiplied): the same
+  // result at no extra pass. With one it scales the activated value (activate_and_scale).
+  T alpha_before_act() const {
+    return p.act == FDNN_ACTIVATION_NONE ? static_cast<T>(p.alpha) : T(1);
+  }
+
+  // act(v), then alpha * act(v) where alpha_before_act left alpha out, over v[0..n).
+  void activate_and_scale(T* v, int64_t n) const {
+    activate<T>(v, n, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
+    if (p.act == FDNN_ACTIVATION_NONE || p.alpha == 1.f) return;
+    const T alpha = static_cast<T>(p.alpha);
+    for (int64_t i = 0; i < n; ++i) v[i] *= alpha;
+  }
+
   int64_t spatial_offset(int64_t q, const int64_t* s) const {
     const int64_t ow = q % p.out[2], t = q / p.out[2];
     return (t / p.out[1]) * s[2] + (t % p.out[1]) * s[3] + ow * s[4];
@@ -599,7 +614,8 @@ struct Exec {
     }
   }
 
-  // Forward epilogue over O (mc x Kg, ld ldo): bias, activation, beta, rounding into y.
+  // Forward epilogue over O (mc x Kg, ld ldo): bias, activation, alpha (where the GEMM did
+  // not apply it), beta, rounding into y.
   void epilogue_rows(int64_t m0, int64_t mc, int64_t g, T* O, int64_t ldo) const {
     const bool has_act = p.act != FDNN_ACTIVATION_NONE;
     if (p.y_direct && !p.has_bias && !has_act) return;
@@ -611,7 +627,7 @@ struct Exec {
       T* row = O + i * ldo;
       if (b)
         for (int64_t k = 0; k < p.Kg; ++k) row[k] += b[k];
-      activate<T>(row, p.Kg, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
+      activate_and_scale(row, p.Kg);
       if (p.y_direct) continue;
       const int64_t m = m0 + i;
       S* dst = y + (m / p.OSP) * p.ys[0] + spatial_offset(m % p.OSP, p.ys) + g * p.Kg * p.ys[1];
@@ -732,7 +748,7 @@ struct Exec {
         const T bk = b[k];
         for (int64_t j = 0; j < mc; ++j) row[j] += bk;
       }
-      activate<T>(row, mc, p.act, static_cast<T>(p.act_a), static_cast<T>(p.act_b));
+      activate_and_scale(row, mc);
       if (p.y_direct) continue;
       for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
         S* dst = const_cast<S*>(y_row(n, g * p.Kg + k, od, oh, ow));
@@ -892,9 +908,9 @@ struct Exec {
     const T* W = weights(ldw);
     if (p.has_bias) {
       T* b = buf(p.off_bias);
-      for (int64_t k = 0; k < p.K; ++k) b[k] = static_cast<T>(p.alpha) * widen(bias[k * p.bs]);
+      for (int64_t k = 0; k < p.K; ++k) b[k] = alpha_before_act() * widen(bias[k * p.bs]);
     }
-    const T alpha = static_cast<T>(p.alpha), beta = p.y_direct ? static_cast<T>(p.beta) : T(0);
+    const T alpha = alpha_before_act(), beta = p.y_direct ? static_cast<T>(p.beta) : T(0);
     T* col = buf(p.off_col);
     T* ybuf = buf(p.off_y);
     if (p.lowering == kRows) {

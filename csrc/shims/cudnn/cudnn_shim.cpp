@@ -132,6 +132,12 @@ StridedTensor strided(const LogicalTensor& t) {
   return s;
 }
 
+// Where alpha of y = alpha * act(conv + bias) + beta * y is applied: in cuDNN's convolution
+// scale when nothing non-linear follows (alpha * conv, the epilogue adding alpha * bias:
+// no extra pass); after the activation, in our epilogue, when one follows (the convolution
+// then runs with scale 1). The fused graph takes alpha 1 only (can_fuse_epilogue).
+bool alpha_in_conv(const ConvProblem& p) { return p.activation == FDNN_ACTIVATION_NONE; }
+
 // The forward epilogue runs on y as the convolution wrote it (the compact copy of a staged
 // y); the bias gradient reads the caller's dy.
 EpilogueParams epilogue_params(const ConvProblem& p) {
@@ -141,6 +147,7 @@ EpilogueParams epilogue_params(const ConvProblem& p) {
   e.y = strided(forward ? p.y.seen() : p.y.user);
   e.bias_stride = p.bias_stride;
   e.alpha = p.alpha;
+  e.alpha_in_conv = alpha_in_conv(p);
   e.beta = !forward || beta_by(p) == BetaBy::kEpilogue ? p.beta : 0.0;
   e.activation = p.activation;
   e.activation_alpha = p.activation_alpha;
@@ -161,10 +168,11 @@ StridedCopy copy_between(const LogicalTensor& src, const LogicalTensor& dst,
   return c;
 }
 
-// Scaling inside the cuDNN operation: alpha always (the epilogue adds alpha * bias after
-// it), beta only where cuDNN applies it.
+// Scaling inside the cuDNN operation: alpha where alpha_in_conv (the epilogue adds alpha *
+// bias after it), else 1 (the epilogue scales the activated value); beta only where cuDNN
+// applies it.
 ConvScales conv_scales(const ConvProblem& p) {
-  return {p.alpha, beta_by(p) == BetaBy::kConv ? p.beta : 0.0};
+  return {alpha_in_conv(p) ? p.alpha : 1.0, beta_by(p) == BetaBy::kConv ? p.beta : 0.0};
 }
 
 // Bytes of the caller's workspace the shim itself uses besides cuDNN's (workspace.hpp).

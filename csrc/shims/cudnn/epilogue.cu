@@ -26,7 +26,7 @@ template <> __device__ inline double from_acc<double>(double v) { return v; }
 
 // The FDNN_ACTIVATION_* values of flux_dnn.h, in the accumulation type.
 template <class A>
-__device__ A activate(A v, int32_t kind, A a, A b) {
+__host__ __device__ A activate(A v, int32_t kind, A a, A b) {
   const A half = A(0.5), one = A(1);
   switch (kind) {
     case FDNN_ACTIVATION_RELU: return v < A(0) ? A(0) : v;  // NaN stays NaN, as in torch
@@ -120,22 +120,33 @@ __host__ __device__ inline Index offset_of(const FlatTensor& t, Index linear, In
   return offset + linear * static_cast<Index>(t.strides[0]);
 }
 
+// One element of the header's y = alpha * act(conv + bias) + beta * y_old, from the
+// convolution's result as cuDNN wrote it. Where cuDNN already scaled it by alpha
+// (alpha_in_conv: no activation follows), only the bias is scaled here; else alpha scales
+// the activated value. old is read only when beta != 0 (it may be NaN otherwise).
+template <class A>
+__host__ __device__ A epilogue_value(const EpilogueParams& p, A conv, bool has_bias, A bias,
+                                     A old) {
+  A v = conv;
+  if (has_bias) v += (p.alpha_in_conv ? A(p.alpha) : A(1)) * bias;
+  v = activate<A>(v, p.activation, A(p.activation_alpha), A(p.activation_beta));
+  if (!p.alpha_in_conv) v *= A(p.alpha);
+  if (p.beta != 0.0) v += A(p.beta) * old;
+  return v;
+}
+
 template <class T, class Index>
 __global__ void bias_activation_kernel(EpilogueParams p, FlatTensor t, T* y, const T* src,
                                        const T* bias, Index count) {
   using A = typename Acc<T>::type;
-  const A alpha = A(p.alpha), beta = A(p.beta);
-  const A act_a = A(p.activation_alpha), act_b = A(p.activation_beta);
   const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += step) {
     Index k = 0;
     Index off = offset_of<Index>(t, i, &k);
-    A v = to_acc(src[off]);
-    if (bias) v += alpha * to_acc(bias[static_cast<int64_t>(k) * p.bias_stride]);
-    v = activate<A>(v, p.activation, act_a, act_b);
-    if (p.beta != 0.0) v += beta * to_acc(y[off]);
-    y[off] = from_acc<T>(v);
+    const A b = bias ? to_acc(bias[static_cast<int64_t>(k) * p.bias_stride]) : A(0);
+    const A old = p.beta != 0.0 ? to_acc(y[off]) : A(0);
+    y[off] = from_acc<T>(epilogue_value<A>(p, to_acc(src[off]), bias != nullptr, b, old));
   }
 }
 

@@ -1,6 +1,6 @@
 // Element-wise work next to cuDNN's convolution, as small CUDA kernels of our own:
-//  - the forward epilogue y = act(conv + alpha * bias) + beta * y_old, used when the
-//    convolution engine itself takes no bias/activation (the conv has already applied alpha);
+//  - the forward epilogue, the header's y = alpha * act(conv + bias) + beta * y_old, used
+//    when the convolution engine itself takes no bias/activation (alpha_in_conv below);
 //  - the bias gradient db = alpha * sum(dy over N and spatial) + beta * db_old.
 // Strided over the ABI's logical tensors, so every layout works: the dims are visited in
 // memory order (outermost first, merged where contiguous), so consecutive threads touch
@@ -30,13 +30,18 @@ struct EpilogueParams {
   int64_t bias_stride = 1;
   double alpha = 1.0;
   double beta = 0.0;
+  // Whether cuDNN's convolution applied alpha already (its scale; then the epilogue scales
+  // only the bias: alpha * conv + alpha * bias). Only without an activation: alpha scales
+  // the activated value, so with one the convolution runs with scale 1 and alpha comes here,
+  // after the activation.
+  bool alpha_in_conv = true;
   int32_t activation = 0;  // FDNN_ACTIVATION_*
   float activation_alpha = 0.f;
   float activation_beta = 0.f;
 };
 
-// y = act(src + alpha * bias) + beta * y; src is the conv result (y itself when beta == 0).
-// bias may be NULL.
+// y = alpha * act(src + bias) + beta * y, alpha applied where alpha_in_conv says; src is the
+// conv result (y itself when beta == 0). bias may be NULL.
 cudaError_t launch_bias_activation(const EpilogueParams& p, void* y, const void* src,
                                    const void* bias, cudaStream_t stream);
 

@@ -7,9 +7,13 @@
 //    element once, with one chunk and with as many as the scratch holds;
 //  - the staging copies (copy_offsets, in the dims order the launch uses): a zero-padded
 //    copy of a view with gaps into a compact buffer, and the crop back out of it into a
-//    view, every element once, padding zero, nothing between the view's elements written.
+//    view, every element once, padding zero, nothing between the view's elements written;
+//  - the epilogue's arithmetic (epilogue_value, the kernel's own code): the header's
+//    y = alpha * act(conv + bias) + beta * y, alpha after activations that do not commute
+//    with it, negative and fractional alpha, beta 0 and 1.
 // Not part of the shim: tests/test_cudnn.py compiles it with nvcc and runs it.
 //   nvcc -std=c++17 -I csrc/include -o selftest csrc/shims/cudnn/epilogue_selftest.cu
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -201,6 +205,45 @@ void check_pad_and_crop() {
   expect(untouched, "nothing between a view's elements is written", name);
 }
 
+// The header's meaning in double, written out here: alpha * act(raw + bias) + beta * old.
+double header_epilogue(int32_t act, double raw, double bias, double alpha, double beta,
+                       double old) {
+  double v = raw + bias;
+  switch (act) {
+    case FDNN_ACTIVATION_SIGMOID: v = 1 / (1 + std::exp(-v)); break;
+    case FDNN_ACTIVATION_TANH: v = std::tanh(v); break;
+    case FDNN_ACTIVATION_SILU: v = v / (1 + std::exp(-v)); break;
+    case FDNN_ACTIVATION_RELU: v = v < 0 ? 0 : v; break;
+    default: break;
+  }
+  return alpha * v + beta * old;
+}
+
+// epilogue_value as the shim sets it up (cudnn_shim.cpp's alpha_in_conv: only without an
+// activation has cuDNN scaled the convolution by alpha), against header_epilogue.
+void check_epilogue_order() {
+  const int32_t acts[] = {FDNN_ACTIVATION_NONE, FDNN_ACTIVATION_RELU, FDNN_ACTIVATION_SIGMOID,
+                          FDNN_ACTIVATION_TANH, FDNN_ACTIVATION_SILU};
+  const double alphas[] = {1.0, 0.5, -1.5}, betas[] = {0.0, 1.0};
+  const double raws[] = {-2.25, -0.5, 0.0, 0.75, 3.0};
+  for (int32_t act : acts)
+    for (double alpha : alphas)
+      for (double beta : betas)
+        for (double raw : raws) {
+          fdnn_cudnn::EpilogueParams p;
+          p.type = fdnn_cudnn::ElementType::kDouble;
+          p.alpha = alpha;
+          p.beta = beta;
+          p.activation = act;
+          p.alpha_in_conv = act == FDNN_ACTIVATION_NONE;
+          const double conv = p.alpha_in_conv ? alpha * raw : raw;  // as cuDNN wrote it
+          const double got = fdnn_cudnn::epilogue_value<double>(p, conv, true, 0.25, 0.5);
+          const double want = header_epilogue(act, raw, 0.25, alpha, beta, 0.5);
+          expect(std::fabs(got - want) <= 1e-12 * (1 + std::fabs(want)),
+                 "alpha * act(conv + bias) + beta * y", "epilogue_value");
+        }
+}
+
 }  // namespace
 
 int main() {
@@ -233,6 +276,7 @@ int main() {
     expect(fdnn_cudnn::ideal_chunks(big) > 1, "a large gradient is split into chunks", cases[i].name);
   }
   check_pad_and_crop();
+  check_epilogue_order();
   std::printf("%s: %zu layouts, %d failures\n", failures ? "FAILED" : "ok", cases.size(), failures);
   return failures ? 1 : 0;
 }

@@ -779,13 +779,15 @@ void apply_activation(const FDNN_Plan& p, miopenHandle_t h, const Tensor& r, voi
   }
 }
 
-// y = act(alpha * (conv + bias)) on the conv result (forward); alpha alone otherwise.
+// The header's alpha * act(conv + bias) on the conv result in place (forward; beta comes
+// with the copy out); alpha alone otherwise. alpha scales the activated value, so it comes
+// last.
 void epilogue(const FDNN_Plan& p, miopenHandle_t h, const Tensor& r, void* v, const void* bias,
               char* ws) {
   if (p.op == FDNN_CONV_FORWARD && p.has_bias)
     op_tensor(h, miopenTensorOpAdd, 1.f, r, v, 1.f, p.bias, bias, r, v);
-  if (p.alpha != 1.f) check_miopen(mi().ScaleTensor(h, r.get(), v, &p.alpha), "miopenScaleTensor");
   if (p.op == FDNN_CONV_FORWARD) apply_activation(p, h, r, v, ws);
+  if (p.alpha != 1.f) check_miopen(mi().ScaleTensor(h, r.get(), v, &p.alpha), "miopenScaleTensor");
 }
 
 void bias_gradient(const FDNN_Plan& p, miopenHandle_t h, const Tensor& dy, const void* dy_data,

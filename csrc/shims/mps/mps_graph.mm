@@ -3,7 +3,7 @@
 // The graph reads every tensor as a 1-D range of its elements and makes the logical tensor
 // itself (mps_problem.hpp): reshape + transpose for dense layouts, a gather for gapped ones.
 // Then the convolution (2-D or 3-D MPSGraph op, in NCHW, or NHWC where macOS runs it
-// natively), the epilogue in float32 (bias, alpha, activation, beta * old output), one
+// natively), the epilogue in float32 (bias, activation, alpha, beta * old output), one
 // rounding to the tensor's type, and the way back to the written range (transpose +
 // reshape, or a scatter into the old range for gapped outputs).
 #include "mps_graph.hpp"
@@ -287,7 +287,7 @@ MPSGraphTensor* GraphBuilder::weights_gradient(MPSGraphTensor* dy, MPSGraphTenso
                                                                    name:nil];
 }
 
-// y = act(alpha * (conv(x, w) + bias)) + beta * y
+// y = alpha * act(conv(x, w) + bias) + beta * y: alpha scales the activated value
 void GraphBuilder::build_forward() {
   MPSGraphTensor* x = compute_input(to_logical(feed(Role::kX, p_.x), p_.x));
   MPSGraphTensor* w = compute_input(to_logical(feed(Role::kW, p_.w), p_.w));
@@ -298,8 +298,8 @@ void GraphBuilder::build_forward() {
     broadcast[1] = p_.bias.shape[0];
     r = add(r, [graph_ reshapeTensor:b withShape:shape_of(broadcast) name:nil]);
   }
-  if (p_.alpha != 1.f) r = mul(r, scalar(p_.alpha));
   r = activation(r);
+  if (p_.alpha != 1.f) r = mul(r, scalar(p_.alpha));
   MPSGraphTensor* old_range = p_.reads_old(p_.y) ? feed(Role::kY, p_.y) : nil;
   if (old_range != nil) r = accumulate(r, to_logical(old_range, p_.y));
   result(Role::kY, to_range(rounded(r), p_.y, old_range));

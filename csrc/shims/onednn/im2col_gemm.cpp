@@ -148,7 +148,7 @@ void choose_w_operand(Im2colGemm& g) {
 }
 
 // Where the product of one (image, group) goes (OutputMode). Every mode computes the same
-// float32 values in the same order (the product W X, then act(alpha * (product + bias)) +
+// float32 values in the same order (the product W X, then alpha * act(product + bias) +
 // beta * y), so a result does not depend on y's layout: out= and a fresh output agree bit
 // for bit.
 void choose_output(Im2colGemm& g) {
@@ -542,22 +542,27 @@ void product(const Im2colGemm& g, Matrix w, Matrix x, float* c, int64_t ldc) {
   sgemm('N', x.trans, g.group_out, g.pixels, g.rows, 1.f, w, x, 0.f, c, ldc);
 }
 
+// The header's epilogue before beta, alpha * act(conv + bias), in the order of the
+// primitive's post-ops (the activation, then alpha as eltwise_linear), so both paths agree.
+inline float scaled_activation(const Im2colGemm& g, float conv_plus_bias) {
+  return g.alpha * activate(g, conv_plus_bias);
+}
+
 // One (image, group) with the product written straight into y (beta == 0: y is written
-// before it is read, so whatever it held cannot leak), then act(alpha * (y + bias)) in place
+// before it is read, so whatever it held cannot leak), then alpha * act(y + bias) in place
 // where that changes anything.
 void run_direct(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, float* y) {
   product(g, w, x, y, g.y_ld);
   if (bias == nullptr && g.alpha == 1.f && g.activation == FDNN_ACTIVATION_NONE) return;
   for_each_output(g, y, [&](int64_t k, float& v) {
-    const float conv = v + (bias != nullptr ? bias[k * g.bias_stride] : 0.f);
-    v = activate(g, g.alpha * conv);
+    v = scaled_activation(g, v + (bias != nullptr ? bias[k * g.bias_stride] : 0.f));
   });
 }
 
-// The header's y = act(alpha * (product + bias)) + beta * y for one element (beta == 0: y
+// The header's y = alpha * act(product + bias) + beta * y for one element (beta == 0: y
 // is not read).
 inline float finish(const Im2colGemm& g, float product, float bias, float prior) {
-  const float out = activate(g, g.alpha * (product + bias));
+  const float out = scaled_activation(g, product + bias);
   return g.beta == 0.f ? out : out + g.beta * prior;
 }
 
@@ -593,16 +598,15 @@ void run_wide(const Im2colGemm& g, const BlockKernels& kernels, Matrix w, const 
   }
 }
 
-// One (image, group) through the workspace: the product, then y = act(alpha * (product +
-// bias)) + beta * y through y's strides (beta == 0: y is not read).
+// One (image, group) through the workspace: the product, then y = alpha * act(product +
+// bias) + beta * y through y's strides (beta == 0: y is not read).
 void run_staged(const Im2colGemm& g, Matrix w, Matrix x, const float* bias, float* y,
                 float* stage) {
   product(g, w, x, stage, g.pixels);
   const float* from = stage;
   for_each_output(g, y, [&](int64_t k, float& v) {
-    const float conv = *from++ + (bias != nullptr ? bias[k * g.bias_stride] : 0.f);
-    const float out = activate(g, g.alpha * conv);
-    v = g.beta == 0.f ? out : out + g.beta * v;
+    const float b = bias != nullptr ? bias[k * g.bias_stride] : 0.f;
+    v = finish(g, *from++, b, v);
   });
 }
 

@@ -167,8 +167,8 @@ enum Layouts : int64_t {
 };
 // An algorithm id is a layout policy, plus kConverted when a 16-bit problem is computed in
 // float32: its operands are converted by the reorders that stage them in the workspace, and
-// the result is rounded once, by the reorder that writes it (after alpha, bias, the
-// activation and beta, which the float32 primitive and that reorder apply).
+// the result is rounded once, by the reorder that writes it (after bias, the activation,
+// alpha and beta, which the float32 primitive and that reorder apply).
 constexpr int64_t kConverted = 4;
 
 const char* layouts_name(int64_t l) {
@@ -283,11 +283,11 @@ dnnl::algorithm eltwise_of(int32_t act) {
   }
 }
 
-// The forward epilogue as post-ops: alpha, then the activation, then beta accumulation
+// The header's forward epilogue, y = alpha * act(conv + bias) + beta * y, as post-ops after
+// the primitive's bias: the activation, then alpha (eltwise_linear), then beta accumulation
 // (the latter only when the output is not staged; a staged output accumulates in its reorder).
 dnnl::post_ops forward_post_ops(const FDNN_Conv_Plan_Create_Args& a, bool output_staged) {
   dnnl::post_ops ops;
-  if (a.alpha != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, a.alpha, 0.f);
   if (a.activation != FDNN_ACTIVATION_NONE) {
     // oneDNN's eltwise parameters: relu's alpha is the negative slope, clip's are the bounds,
     // swish's alpha is the sigmoid's scale (1 for SiLU).
@@ -297,6 +297,7 @@ dnnl::post_ops forward_post_ops(const FDNN_Conv_Plan_Create_Args& a, bool output
     float beta = a.activation == FDNN_ACTIVATION_CLIP ? a.activation_beta : 0.f;
     ops.append_eltwise(eltwise_of(a.activation), alpha, beta);
   }
+  if (a.alpha != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, a.alpha, 0.f);
   if (a.beta != 0.f && !output_staged) ops.append_sum(a.beta);
   return ops;
 }
