@@ -301,3 +301,31 @@ def test_refused_dtype_given_to_a_plan(rng):
     plan = flux_dnn.conv_plan(x, grid(rng, (6, 4, 3, 3), np.float32))
     f8 = REFUSED["float8_e4m3fn"]
     check_refusal(lambda: plan(x.astype(f8)), "x", f8)
+
+
+@pytest.mark.parametrize("op", ["forward", "backward_data", "backward_weight"])
+def test_bfloat16_3d_with_outputs_that_read_padding_only(rng, op):
+    """A 3-D problem whose output has elements that read padding only (H: one input row, a
+    dilation-2 kernel of 2 taps padded by 1 on both sides; W: lo 2 >= the kernel's extent).
+    oneDNN 3.2's AMX brgemm kernel crashed creating this bfloat16 primitive on CPUs with AMX
+    (ABI fuzzer, seed 1, case 820): the shim must skip it there, and compute it everywhere."""
+    bf16 = ml_dtypes.bfloat16
+    x = rng.integers(-8, 9, (1, 2, 2, 1, 2)) / 8
+    w = rng.integers(-8, 9, (4, 1, 3, 2, 2)) / 8
+    geo = dict(stride=(1, 2, 1), dilation=(1, 2, 1), groups=2)
+    lo, hi = (1, 1, 2), (2, 1, 0)
+    padding = tuple(zip(lo, hi))
+    y_ref = ref.conv_forward(x, w, None, geo["stride"], lo, hi, geo["dilation"], groups=2)
+    if op == "forward":
+        got, expected = flux_dnn.conv3d(x.astype(bf16), w.astype(bf16), padding=padding, **geo), y_ref
+    elif op == "backward_data":
+        dy = rng.integers(-8, 9, y_ref.shape) / 8
+        got = flux_dnn.conv_backward_data(dy.astype(bf16), w.astype(bf16), x.shape, padding=padding, **geo)
+        expected = ref.conv_backward_data(dy, w, x.shape, geo["stride"], lo, hi, geo["dilation"], groups=2)
+    else:
+        dy = rng.integers(-8, 9, y_ref.shape) / 8
+        got = flux_dnn.conv_backward_weight(x.astype(bf16), dy.astype(bf16), w.shape, padding=padding, **geo)
+        expected = ref.conv_backward_weight(x, dy, w.shape, geo["stride"], lo, hi, geo["dilation"], groups=2)
+    # Inputs in eighths: every product and sum is exact in float32, so one rounding to
+    # bfloat16 (8 significant bits) is the only error.
+    np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=2**-8, atol=2**-8 * np.abs(expected).max())

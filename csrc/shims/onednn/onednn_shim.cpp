@@ -348,11 +348,44 @@ bool hits_onednn_issue_6035(const FDNN_Conv_Plan_Create_Args& a,
   return a.x->shape[1] / a.groups < (block8 ? 8 : 16);
 }
 
+// Whether some output element of spatial dim i reads padding only (every tap of its window
+// falls outside the input): lo or hi at least the dilated kernel's extent, or a dilation that
+// steps over an input shorter than it.
+bool padding_only_output(const FDNN_Conv_Plan_Create_Args& a, int i) {
+  const int64_t n = a.x->shape[2 + i], k = a.w->shape[2 + i], out = a.y->shape[2 + i];
+  for (int64_t j = 0; j < out; ++j) {
+    bool reads_input = false;
+    for (int64_t t = 0; t < k && !reads_input; ++t) {
+      const int64_t at = j * a.stride[i] - a.padding_lo[i] + t * a.dilation[i];
+      reads_input = at >= 0 && at < n;
+    }
+    if (!reads_input) return true;
+  }
+  return false;
+}
+
+// oneDNN 3.2's AMX brgemm convolution ("brg_conv_fwd:avx512_core_amx", bfloat16 on CPUs with
+// AMX) crashes (SIGSEGV in brgemm_convolution_fwd_t::add_po_kernels, at primitive creation)
+// for some 3-D problems whose output has elements that read padding only, e.g. x 2x1x2, w
+// 3x2x2, stride and dilation (1, 2, 1), padding lo (1, 1, 2) hi (2, 1, 0): found by the ABI
+// fuzzer (seed 1, case 820) on a Xeon with AMX; ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 avoids it.
+// The kernels that post-process padding-only output are where it fails, so such problems
+// skip AMX brgemm implementations, whatever the rank and op (a cheap precaution: these
+// problems are rare and small).
+bool hits_amx_padding_crash(const FDNN_Conv_Plan_Create_Args& a, const std::string& impl) {
+  if (impl.find("amx") == std::string::npos || impl.find("brg") == std::string::npos) return false;
+  for (int i = 0; i < a.spatial_rank; ++i)
+    if (padding_only_output(a, i)) return true;
+  return false;
+}
+
 // Whether this shim may run the implementation a primitive descriptor points at.
-bool runnable(const FDNN_Conv_Plan_Create_Args&, const dnnl::primitive_desc&) { return true; }
+bool runnable(const FDNN_Conv_Plan_Create_Args& a, const dnnl::primitive_desc& pd) {
+  return !hits_amx_padding_crash(a, pd.impl_info_str());
+}
 bool runnable(const FDNN_Conv_Plan_Create_Args& a,
               const dnnl::convolution_backward_weights::primitive_desc& pd) {
-  return !hits_onednn_issue_6035(a, pd);
+  return !hits_amx_padding_crash(a, pd.impl_info_str()) && !hits_onednn_issue_6035(a, pd);
 }
 
 // The implementation to run, walking oneDNN's list from its first choice (`make` makes the
@@ -379,7 +412,8 @@ Pd choose_implementation(const Problem& p, MakePd make) {
   } while (pd.next_impl());
   if (smallest < 0)
     throw dnnl::error(dnnl_unimplemented,
-                      "oneDNN's only implementation here is jit_1x1 (oneDNN issue 6035)");
+                      "oneDNN's only implementations here are ones this shim avoids (jit_1x1 "
+                      "of oneDNN issue 6035, or AMX brgemm with padding-only outputs)");
   pd = make();
   for (int i = 0; i < smallest; ++i) pd.next_impl();
   return pd;
