@@ -50,3 +50,19 @@ for target in arm64-apple-macos14 arm64-apple-macos13 arm64-apple-macos11; do
   done
 done
 echo "mps: $count syntax checks passed (every .mm for macOS 14, 13 and 11) in $(($(date +%s) - start)) s"
+
+# 3. The declarations keep Apple's availability and nullability (issue 27): a macOS 12 API
+#    used outside @available must fail the macOS 11 pass, and nil where Apple's header says
+#    nonnull must fail every pass. If either compiles, the declarations lost what they copy.
+probe="$out/probe.mm"
+expect_error() {  # target, what, code
+  printf '#import <MetalPerformanceShadersGraph/MetalPerformanceShadersGraph.h>\nvoid probe(MPSGraph* g, MPSGraphTensor* t) { %s }\n' "$3" > "$probe"
+  if clang -target "$1" "${flags[@]}" "$probe" 2> "$out/probe.log"; then
+    echo "mps: the declarations no longer catch $2 (see csrc/shims/mps/syntax_check/)"
+    exit 1
+  fi
+  grep -q "$2" "$out/probe.log" || { cat "$out/probe.log"; echo "mps: expected '$2'"; exit 1; }
+}
+expect_error arm64-apple-macos11 "only available on macOS 12.0" "(void)[g castTensor:t toType:MPSDataTypeFloat32 name:@\"c\"];"
+expect_error arm64-apple-macos14 "null passed to a callee that requires a non-null argument" "(void)[g castTensor:t toType:MPSDataTypeFloat32 name:nil];"
+echo "mps: the declarations catch an unguarded macOS 12 API and a nil for a nonnull argument"

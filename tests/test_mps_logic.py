@@ -1,8 +1,10 @@
 """The MPS shim's platform-independent decisions (csrc/shims/mps/mps_problem.*), built here
 with the host C++ compiler into tests/mps_logic/test_mps_logic.cpp and run: capabilities
-per macOS version, the refusals of problems MPSGraph gets wrong, 1-D as 2-D, padding per
-side, layouts, gather indices of gapped tensors, bindings and staging sizes. The Objective-C++
-part of the shim is checked by .ci/mps.sh (syntax only) and by scripts/mac_check.sh on a Mac."""
+per macOS version, the refusals of problems MPSGraph gets wrong, when a 16-bit convolution
+runs in float32, 1-D as 2-D, padding per side, layouts, gather indices of gapped tensors,
+bindings, the 4 GiB MPSNDArray limit, the Metal device choice and staging sizes. The
+Objective-C++ part of the shim is checked by .ci/mps.sh (syntax only) and by
+scripts/mac_check.sh on a Mac."""
 
 from __future__ import annotations
 

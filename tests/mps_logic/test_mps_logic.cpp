@@ -1,7 +1,9 @@
 // Unit tests of the MPS shim's platform-independent decisions (csrc/shims/mps/mps_problem.*):
-// capabilities per macOS version, the refusals of problems MPSGraph gets wrong, 1-D as 2-D,
-// padding per side, layouts, dense/gapped tensors and their gather indices, bindings and
-// staging sizes. Built and run by tests/test_mps_logic.py (and .ci/mps.sh) with the host C++
+// capabilities per macOS version, the refusals of problems MPSGraph gets wrong (PyTorch's
+// guards: 2-D forward filter dims >= 256, dims > 65536 of y / dy before macOS 15.1), when a
+// 16-bit convolution runs in float32 (one rounding), 1-D as 2-D, padding per side, layouts
+// (NHWC on forward only), dense/gapped tensors and their gather indices, bindings (a written dw
+// at an offset staged), the 4 GiB MPSNDArray limit, the Metal device choice and staging sizes. Built and run by tests/test_mps_logic.py (and .ci/mps.sh) with the host C++
 // compiler: no Apple SDK is involved. Prints one line per failed check; exits 1 if any.
 #include <algorithm>
 #include <cstdio>
@@ -176,7 +178,7 @@ void test_capabilities_by_os() {
 }
 
 void test_refusals() {
-  {  // filter dims >= 256
+  {  // filter dims >= 256: refused on 2-D (and 1-D) forward only, as PyTorch routes them
     Problem p;
     p.in = {4, 300};
     p.kernel = {1, 256};
@@ -185,8 +187,27 @@ void test_refusals() {
     CHECK(contains(refusal(p, kMac15_1), "UNSUPPORTED") && contains(refusal(p, kMac15_1), "256"));
     p.kernel = {1, 255};
     CHECK(refusal(p, kMac15_1).empty());
+    p.kernel = {256, 1};
+    p.in = {300, 4};
+    CHECK(contains(refusal(p, kMac14), "256"));
+    for (int32_t op : {FDNN_CONV_BACKWARD_DATA, FDNN_CONV_BACKWARD_WEIGHT}) {
+      p.op = op;
+      CHECK(refusal(p, kMac14).empty());
+    }
+    Problem one_d;
+    one_d.in = {300};
+    one_d.kernel = {256};
+    one_d.stride = one_d.dilation = {1};
+    one_d.lo = one_d.hi = {0};
+    CHECK(contains(refusal(one_d, kMac15_1), "256"));
+    Problem three_d;
+    three_d.in = {2, 3, 300};
+    three_d.kernel = {1, 1, 256};
+    three_d.stride = three_d.dilation = {1, 1, 1};
+    three_d.lo = three_d.hi = {0, 0, 0};
+    CHECK(refusal(three_d, kMac15_1).empty());
   }
-  {  // output dims > 65536 before macOS 15.1 only
+  {  // dims > 65536 of y (forward) and dy (backward data) before macOS 15.1 only
     Problem p;
     p.n = 1;
     p.c = 1;
@@ -200,11 +221,18 @@ void test_refusals() {
     CHECK(refusal(p, kMac15_1).empty());
     p.k = 65536;
     CHECK(refusal(p, kMac15_0).empty());
-    // backward-data writes dx: its channel count is what is limited there.
+    // Backward data: dy is checked (what PyTorch checks there), not the written dx.
     p.op = FDNN_CONV_BACKWARD_DATA;
+    p.k = 65537;
+    CHECK(contains(refusal(p, kMac14), "65536") && contains(refusal(p, kMac14), "dy"));
     p.k = 4;
     p.c = 65537;
-    CHECK(contains(refusal(p, kMac14), "65536"));
+    CHECK(refusal(p, kMac14).empty());
+    // Backward weight: PyTorch checks nothing, nor does the shim.
+    p.op = FDNN_CONV_BACKWARD_WEIGHT;
+    p.k = 65537;
+    p.c = 1;
+    CHECK(refusal(p, kMac14).empty());
   }
   {  // int32 element counts
     Problem p;
@@ -249,6 +277,51 @@ void test_refusals() {
       refused = f.code() == FDNN_ERROR_UNSUPPORTED;
     }
     CHECK(refused);
+  }
+}
+
+// When a 16-bit convolution runs in float32: an epilogue follows it, or compute_type asks.
+void test_float32_convolution() {
+  struct Case {
+    int32_t op;
+    FDNN_DLDataType dtype;
+    bool bias;
+    int32_t activation;
+    float alpha, beta;
+    bool want;
+  };
+  const Case cases[] = {
+      {FDNN_CONV_FORWARD, kF16, false, FDNN_ACTIVATION_NONE, 1.f, 0.f, false},
+      {FDNN_CONV_FORWARD, kF16, true, FDNN_ACTIVATION_NONE, 1.f, 0.f, true},
+      {FDNN_CONV_FORWARD, kF16, false, FDNN_ACTIVATION_RELU, 1.f, 0.f, true},
+      {FDNN_CONV_FORWARD, kF16, false, FDNN_ACTIVATION_NONE, 0.5f, 0.f, true},
+      {FDNN_CONV_FORWARD, kBF16, false, FDNN_ACTIVATION_NONE, 1.f, 1.f, true},
+      {FDNN_CONV_FORWARD, kF32, true, FDNN_ACTIVATION_RELU, 2.f, 1.f, false},
+      {FDNN_CONV_BACKWARD_DATA, kF16, false, FDNN_ACTIVATION_NONE, 1.f, 0.f, false},
+      {FDNN_CONV_BACKWARD_DATA, kBF16, false, FDNN_ACTIVATION_NONE, 1.f, 1.f, true},
+      {FDNN_CONV_BACKWARD_WEIGHT, kF16, false, FDNN_ACTIVATION_NONE, -1.5f, 0.f, true},
+      // a bias gradient is a float32 reduction of dy of its own: dw is still rounded once
+      {FDNN_CONV_BACKWARD_WEIGHT, kF16, true, FDNN_ACTIVATION_NONE, 1.f, 0.f, false},
+  };
+  for (const Case& c : cases) {
+    Problem p;
+    p.op = c.op;
+    p.dtype = c.dtype;
+    p.with_bias = c.bias;
+    p.beta = c.beta;
+    FDNN_Conv_Plan_Create_Args& a = p.build();
+    a.alpha = c.alpha;
+    a.activation = c.activation;
+    ProblemPlan plan;
+    bool ok = true;
+    try {
+      plan = plan_problem(a, kMac15_1);
+    } catch (const fdnn_shim::Failure& f) {
+      std::printf("FAIL unexpected refusal: %s\n", f.what());
+      ok = false;
+    }
+    CHECK(ok && conv_in_float32(a) == c.want && plan.compute_in_float32 == c.want);
+    CHECK(!ok || contains(plan.name, "_f32compute") == c.want);
   }
 }
 
@@ -324,11 +397,23 @@ void test_layouts() {
   // A contiguous x stays NCHW everywhere.
   Problem q;
   CHECK(refusal(q, kMac15_1, &plan).empty() && plan.data_layout == GraphLayout::kNCHW);
-  // Backward-data: the layout follows dy.
-  Problem r;
-  r.op = FDNN_CONV_BACKWARD_DATA;
-  r.x_channels_last = true;  // dx channels-last, dy contiguous
-  CHECK(refusal(r, kMac15_1, &plan).empty() && plan.data_layout == GraphLayout::kNCHW);
+  // The gradient ops run in NCHW on every macOS, as PyTorch's do, whatever the layouts.
+  for (int32_t op : {FDNN_CONV_BACKWARD_DATA, FDNN_CONV_BACKWARD_WEIGHT}) {
+    Problem r;
+    r.op = op;
+    r.x_channels_last = true;
+    FDNN_Conv_Plan_Create_Args& a = r.build();
+    r.y.strides = dense_strides(r.y.shape, channels_last(4));  // dy channels-last too
+    a.y = r.y.get();
+    bool nchw = false;
+    try {
+      plan = plan_problem(a, kMac15_1);
+      nchw = plan.data_layout == GraphLayout::kNCHW && is_channels_last(plan.y) && is_channels_last(plan.x);
+    } catch (const fdnn_shim::Failure& f) {
+      std::printf("FAIL unexpected refusal: %s\n", f.what());
+    }
+    CHECK(nchw);
+  }
   // C == 1: channels-last and contiguous are the same bytes; stays NCHW.
   Problem s;
   s.c = 1;
@@ -436,6 +521,21 @@ void test_bindings_and_staging() {
   CHECK(binding_for(256, false, kMac15_0) == Binding::kView);
   // Weights are never viewed, on any OS.
   CHECK(binding_for(256, true, kMac15_1) == Binding::kStaged);
+  {  // Written tensors: a dw at an offset is staged; a dy/y at an offset is viewed from 15.
+    Problem bw;
+    bw.op = FDNN_CONV_BACKWARD_WEIGHT;
+    ProblemPlan plan;
+    CHECK(refusal(bw, kMac15_1, &plan).empty());
+    CHECK(output_binding(plan, plan.w, 0, kMac15_1) == Binding::kDirect);
+    CHECK(output_binding(plan, plan.w, 64, kMac15_1) == Binding::kStaged);
+    Problem fw;
+    CHECK(refusal(fw, kMac15_1, &plan).empty());
+    CHECK(output_binding(plan, plan.y, 64, kMac15_1) == Binding::kView);
+    CHECK(output_binding(plan, plan.y, 64, kMac14) == Binding::kStaged);
+    fw.beta = 1.f;  // the graph reads the old y: staged even at offset 0
+    CHECK(refusal(fw, kMac15_1, &plan).empty());
+    CHECK(output_binding(plan, plan.y, 0, kMac15_1) == Binding::kStaged);
+  }
 
   Problem p;
   p.with_bias = true;
@@ -464,9 +564,68 @@ void test_bindings_and_staging() {
 
 }  // namespace
 
+// Ranges over 4 GiB never reach an MPSNDArray: MPS aborts the process on those.
+void test_ndarray_size_limit() {
+  Problem p;  // float32 y of 2^30 + 32768 elements: 4 GiB and 128 KiB
+  p.n = 1;
+  p.c = 1;
+  p.k = 1;
+  p.in = {32768, 32769};
+  p.kernel = {1, 1};
+  p.lo = p.hi = {0, 0};
+  ProblemPlan plan;
+  CHECK(refusal(p, kMac15_1, &plan).empty());  // beta 0: y may still be bound directly
+  const char* name = "y";
+  auto refused = [&](Binding b) {
+    try {
+      check_ndarray_size(name, plan.y, 4, b);
+    } catch (const fdnn_shim::Failure& f) {
+      return f.code() == FDNN_ERROR_UNSUPPORTED && contains(f.what(), "4295098368 bytes");
+    }
+    return false;
+  };
+  CHECK(!refused(Binding::kDirect));
+  CHECK(refused(Binding::kView) && refused(Binding::kStaged));
+  // Exactly 4 GiB passes: the assertion is "> 2**32".
+  TensorPlan four_gib;
+  four_gib.span = int64_t{1} << 30;
+  bool passed = true;
+  try {
+    check_ndarray_size("x", four_gib, 4, Binding::kStaged);
+  } catch (const fdnn_shim::Failure&) {
+    passed = false;
+  }
+  CHECK(passed);
+  // beta != 0 always stages y: refused at plan time, naming the size.
+  p.beta = 1.f;
+  const std::string r = refusal(p, kMac15_1);
+  CHECK(contains(r, "UNSUPPORTED") && contains(r, "4 GiB") && contains(r, "4295098368"));
+  // float16 of the same shape is 2 GiB: served.
+  p.dtype = kF16;
+  CHECK(refusal(p, kMac15_1).empty());
+}
+
+// PyTorch's device rule: no low-power GPU, MTLGPUFamilyMac2 required; no virtual GPU.
+void test_device_choice() {
+  const DeviceTraits intel{"Intel(R) UHD Graphics 630", true, true};
+  const DeviceTraits m2{"Apple M2 Pro", false, true};
+  const DeviceTraits virt{"Apple Paravirtual device", false, true};
+  const DeviceTraits old{"AMD Radeon Pro 555", false, false};
+  CHECK(choose_device({m2}).index == 0);
+  CHECK(choose_device({intel, m2}).index == 1);
+  const DeviceChoice none = choose_device({intel, virt, old});
+  CHECK(none.index == -1 && contains(none.reason, "low power") && contains(none.reason, "virtual") &&
+        contains(none.reason, "MTLGPUFamilyMac2") && contains(none.reason, "Apple Paravirtual device"));
+  const DeviceChoice empty = choose_device({});
+  CHECK(empty.index == -1 && contains(empty.reason, "MTLCopyAllDevices"));
+}
+
 int main() {
   test_capabilities_by_os();
   test_refusals();
+  test_float32_convolution();
+  test_ndarray_size_limit();
+  test_device_choice();
   test_geometry();
   test_layouts();
   test_gather_index();

@@ -37,7 +37,8 @@ struct MetalEnv {
   OsVersion os;
   std::string device_name;      // "Apple M2 Pro"
   std::string os_text;          // "macOS 15.1"
-  const char* unavailable = nullptr;  // static storage; nullptr when usable
+  std::string unavailable;      // why the shim cannot run here; empty when it can
+  const char* reason() const { return unavailable.empty() ? nullptr : unavailable.c_str(); }
 };
 
 // Initialised on first use, thread-safe; never fails (unavailable says why not).
@@ -46,7 +47,8 @@ const MetalEnv& metal_env();
 struct MpsPlan {
   ProblemPlan problem;
   MPSGraph* graph = nil;
-  MPSGraphExecutable* executable = nil;
+  // (macOS 12+ in Apple's header: set and used only by build_plan and run_plan, macOS 13+)
+  MPSGraphExecutable* executable API_AVAILABLE(macos(12.0)) = nil;
   std::vector<GraphTensorRole> feeds;    // in executable.feedTensors order
   std::vector<GraphTensorRole> results;  // in executable.targetTensors order
   std::string algo_name;

@@ -34,8 +34,9 @@ MPSGraphTensorNamedDataLayout named_layout(GraphLayout layout) {
   return static_cast<MPSGraphTensorNamedDataLayout>(static_cast<int>(layout));
 }
 
-// Builds one plan's graph; every method adds ops to `graph`.
-class GraphBuilder {
+// Builds one plan's graph; every method adds ops to `graph`. (The ops it uses are macOS 13 at
+// most: transposeTensor:permutation:; castTensor, leakyReLU and scatter are 12.)
+class API_AVAILABLE(macos(13.0)) GraphBuilder {
  public:
   GraphBuilder(MpsPlan& plan) API_AVAILABLE(macos(13.0))
       : plan_(plan), p_(plan.problem), graph_([MPSGraph new]), dtype_(mps_type(p_.dtype)) {
@@ -106,15 +107,16 @@ class GraphBuilder {
   // The type the convolution computes in, and the epilogue's float32.
   MPSGraphTensor* compute_input(MPSGraphTensor* t) {
     if (!p_.compute_in_float32) return t;
-    return [graph_ castTensor:t toType:MPSDataTypeFloat32 name:nil];
+    return [graph_ castTensor:t toType:MPSDataTypeFloat32 name:@"compute_in_float32"];
   }
   MPSGraphTensor* f32(MPSGraphTensor* t) {
     if (t.dataType == MPSDataTypeFloat32) return t;
-    return [graph_ castTensor:t toType:MPSDataTypeFloat32 name:nil];
+    return [graph_ castTensor:t toType:MPSDataTypeFloat32 name:@"epilogue_in_float32"];
   }
+  // (castTensor's name is nonnull in Apple's header, unlike the other ops')
   MPSGraphTensor* rounded(MPSGraphTensor* t) {
     if (t.dataType == dtype_) return t;
-    return [graph_ castTensor:t toType:dtype_ name:nil];
+    return [graph_ castTensor:t toType:dtype_ name:@"rounded_once"];
   }
   MPSGraphTensor* scalar(double v) {
     return [graph_ constantWithScalar:v dataType:MPSDataTypeFloat32];
@@ -396,8 +398,9 @@ MPSNDArray* staging_array(MPSNDArray* __strong& slot, const TensorPlan& t, MPSDa
 }
 
 // Binds one role's range: the caller's buffer from its start, a view at the offset (macOS
-// 15+, never weights), or a copy through the plan's own array.
-class Binder {
+// 15+, never weights), or a copy through the plan's own array. Views and staged copies are
+// MPSNDArrays, which MPS aborts on beyond 4 GiB: those ranges are refused first.
+class API_AVAILABLE(macos(13.0)) Binder {
  public:
   Binder(MpsPlan& plan, const Buffers& buffers, MPSCommandBuffer* command_buffer)
       : plan_(plan), buffers_(buffers), cb_(command_buffer),
@@ -408,7 +411,9 @@ class Binder {
     const int i = static_cast<int>(role);
     id<MTLBuffer> buffer = checked_buffer(role, t);
     const uint64_t offset = buffers_.offset[i];
-    switch (binding_for(offset, role == Role::kW, metal_env().os)) {
+    const Binding binding = binding_for(offset, role == Role::kW, metal_env().os);
+    check_ndarray_size(role_name(role), t, plan_.problem.element_size, binding);
+    switch (binding) {
       case Binding::kDirect:
         return [[MPSGraphTensorData alloc] initWithMTLBuffer:buffer shape:@[ @(t.span) ] dataType:dtype_];
       case Binding::kView:
@@ -422,19 +427,19 @@ class Binder {
     return [[MPSGraphTensorData alloc] initWithMPSNDArray:staged];
   }
 
-  // A written range; staged when the graph also reads it (beta, gaps) or the OS has no view.
+  // A written range; staged when the graph also reads it (beta, gaps), when it is dw at an
+  // offset, or when the OS has no views (output_binding).
   MPSGraphTensorData* output(Role role) {
     const TensorPlan& t = tensor_of(plan_.problem, role);
     const int i = static_cast<int>(role);
     id<MTLBuffer> buffer = checked_buffer(role, t);
     const uint64_t offset = buffers_.offset[i];
-    const Binding binding = binding_for(offset, false, metal_env().os);
-    if (!plan_.problem.reads_old(t)) {
-      if (binding == Binding::kDirect)
-        return [[MPSGraphTensorData alloc] initWithMTLBuffer:buffer shape:@[ @(t.span) ] dataType:dtype_];
-      if (binding == Binding::kView)
-        if (@available(macOS 15.0, *)) return view(buffer, offset, t);
-    }
+    const Binding binding = output_binding(plan_.problem, t, offset, metal_env().os);
+    check_ndarray_size(role_name(role), t, plan_.problem.element_size, binding);
+    if (binding == Binding::kDirect)
+      return [[MPSGraphTensorData alloc] initWithMTLBuffer:buffer shape:@[ @(t.span) ] dataType:dtype_];
+    if (binding == Binding::kView)
+      if (@available(macOS 15.0, *)) return view(buffer, offset, t);
     MPSNDArray* staged = staging_array(plan_.staged_out[i], t, dtype_);
     exports_.push_back({staged, buffer, offset});
     return [[MPSGraphTensorData alloc] initWithMPSNDArray:staged];
@@ -458,6 +463,10 @@ class Binder {
     id<MTLBuffer> buffer = buffers_.buffer[i];
     if (buffer == nil)
       fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Execute: %s is NULL", role_name(role));
+    // A buffer of another GPU (a Mac with two) cannot feed this device's graph.
+    if (buffer.device.registryID != metal_env().device.registryID)
+      fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Execute: %s's MTLBuffer belongs to another Metal device "
+           "than the shim's (%s)", role_name(role), metal_env().device_name.c_str());
     const uint64_t end = buffers_.offset[i] + span_bytes(t, plan_.problem.element_size);
     if (end > buffer.length)
       fail(FDNN_ERROR_INVALID_ARGUMENT,

@@ -38,8 +38,10 @@ const char* detail_text(OsVersion os, const char* kernels) {
     t << kernels << "; channels-last "
       << (has_native_nhwc(os) ? "natively (NHWC)" : "through transposes in the graph (NHWC natively from macOS 15)")
       << "; 3-D " << (has_conv3d(os) ? "served" : "from macOS 13.2")
-      << "; refused: filter dims >= 256, tensors beyond int32 element counts"
-      << (has_large_outputs(os) ? "" : ", output dims > 65536 (before macOS 15.1)") << " (macOS " << os.major
+      << "; refused: 2-D forward filter dims >= 256, tensors beyond int32 element counts, "
+         "ranges bound through an MPSNDArray beyond 4 GiB"
+      << (has_large_outputs(os) ? "" : ", dims > 65536 of y (forward) or dy (backward data) before macOS 15.1")
+      << " (macOS " << os.major
       << "." << os.minor << ")";
     text = t.str();
   }
@@ -200,26 +202,34 @@ bool wants_float32_compute(const FDNN_Conv_Plan_Create_Args& a) {
        fdnn_shim::dtype_name(a.x->dtype));
 }
 
-// The tensor the op writes, for the output-size limit.
-const FDNN_DLTensor* written_desc(const FDNN_Conv_Plan_Create_Args& a) {
-  return a.op == FDNN_CONV_FORWARD ? a.y : a.op == FDNN_CONV_BACKWARD_DATA ? a.x : a.w;
+// The tensor PyTorch's pre-15.1 guard checks (Convolution.mm): y on forward, dy on backward
+// data (what that op reads); none on backward weight, where PyTorch checks nothing.
+const FDNN_DLTensor* guarded_desc(const FDNN_Conv_Plan_Create_Args& a) {
+  return a.op == FDNN_CONV_FORWARD ? a.y : a.op == FDNN_CONV_BACKWARD_DATA ? a.y : nullptr;
+}
+
+// 2-D (and 1-D, which runs as 2-D) forward only: the case PyTorch takes away from MPSGraph.
+void check_filter_dims(const FDNN_Conv_Plan_Create_Args& a) {
+  if (a.op != FDNN_CONV_FORWARD || a.spatial_rank == 3) return;
+  for (int i = 2; i < a.w->ndim; ++i)
+    if (a.w->shape[i] > kMaxFilterDim2dForward)
+      fail(FDNN_ERROR_UNSUPPORTED,
+           "MPS shim: filter dim %d is %lld; MPSGraph's 2-D forward convolution miscomputes "
+           "filter dims of 256 or more (its backward ops and 3-D are served)",
+           i - 2, static_cast<long long>(a.w->shape[i]));
 }
 
 void check_known_limits(const FDNN_Conv_Plan_Create_Args& a, OsVersion os) {
-  for (int i = 2; i < a.w->ndim; ++i)
-    if (a.w->shape[i] > kMaxFilterDim)
+  check_filter_dims(a);
+  const FDNN_DLTensor* guarded = guarded_desc(a);
+  if (has_large_outputs(os) || guarded == nullptr) return;
+  for (int i = 0; i < guarded->ndim; ++i)
+    if (guarded->shape[i] > kMaxOutputDimBefore15_1)
       fail(FDNN_ERROR_UNSUPPORTED,
-           "MPS shim: filter dim %d is %lld; MPSGraph convolution serves filter dims below 256",
-           i - 2, static_cast<long long>(a.w->shape[i]));
-  if (has_large_outputs(os)) return;
-  // PyTorch's guard, kept as it is: every dim of what the convolution kernel writes.
-  const FDNN_DLTensor* out = written_desc(a);
-  for (int i = 0; i < out->ndim; ++i)
-    if (out->shape[i] > kMaxOutputDimBefore15_1)
-      fail(FDNN_ERROR_UNSUPPORTED,
-           "MPS shim: dim %d of the output is %lld; before macOS 15.1 MPSGraph convolution "
-           "mishandles output dims (channels included) above 65536 (this is macOS %d.%d)",
-           i, static_cast<long long>(out->shape[i]), os.major, os.minor);
+           "MPS shim: dim %d of %s is %lld; before macOS 15.1 MPSGraph convolution mishandles "
+           "dims (channels included) above 65536 (this is macOS %d.%d)",
+           i, a.op == FDNN_CONV_FORWARD ? "y" : "dy", static_cast<long long>(guarded->shape[i]),
+           os.major, os.minor);
 }
 
 void fill_geometry(const FDNN_Conv_Plan_Create_Args& a, bool widen_1d, ProblemPlan* p) {
@@ -233,9 +243,18 @@ void fill_geometry(const FDNN_Conv_Plan_Create_Args& a, bool widen_1d, ProblemPl
   }
 }
 
-// The activation tensor: x on FORWARD and BACKWARD_WEIGHT, dy on BACKWARD_DATA.
-const TensorPlan& activation_tensor(const ProblemPlan& p) {
-  return p.op == FDNN_CONV_BACKWARD_DATA ? p.y : p.x;
+// NHWC only for a channels-last x on FORWARD (macOS 15+): PyTorch runs the 2-D gradient ops
+// in NCHW on every macOS, so the shim does too until a Mac shows NHWC gradients right.
+bool uses_native_nhwc(const ProblemPlan& p, OsVersion os) {
+  return p.op == FDNN_CONV_FORWARD && p.graph_rank == 2 && has_native_nhwc(os) && is_channels_last(p.x);
+}
+
+// Written tensors that the graph also reads are always staged: refused now when too large.
+void check_always_staged(const ProblemPlan& p) {
+  if (p.reads_old(p.written()))
+    check_ndarray_size("the written tensor", p.written(), p.element_size, Binding::kStaged);
+  if (p.writes_bias_gradient() && p.reads_old(p.bias))
+    check_ndarray_size("the bias gradient", p.bias, p.element_size, Binding::kStaged);
 }
 
 std::string plan_name(const ProblemPlan& p) {
@@ -276,7 +295,7 @@ ProblemPlan plan_problem(const FDNN_Conv_Plan_Create_Args& a, OsVersion os) {
   p.op = a.op;
   p.dtype = graph_dtype(a.x->dtype);
   p.element_size = fdnn_shim::element_bytes(a.x->dtype);
-  p.compute_in_float32 = wants_float32_compute(a);
+  p.compute_in_float32 = conv_in_float32(a);
   const bool widen_1d = a.spatial_rank == 1;
   p.graph_rank = a.spatial_rank == 3 ? 3 : 2;
   p.x = describe("x", dims_of(a.x, widen_1d), a.op == FDNN_CONV_BACKWARD_DATA);
@@ -291,19 +310,62 @@ ProblemPlan plan_problem(const FDNN_Conv_Plan_Create_Args& a, OsVersion os) {
   p.activation = a.activation;
   p.activation_alpha = a.activation_alpha;
   p.activation_beta = a.activation_beta;
-  const bool nhwc = p.graph_rank == 2 && has_native_nhwc(os) && is_channels_last(activation_tensor(p));
-  p.data_layout = p.graph_rank == 3 ? GraphLayout::kNCDHW
-                  : nhwc            ? GraphLayout::kNHWC
-                                    : GraphLayout::kNCHW;
+  p.data_layout = p.graph_rank == 3        ? GraphLayout::kNCDHW
+                  : uses_native_nhwc(p, os) ? GraphLayout::kNHWC
+                                            : GraphLayout::kNCHW;
   p.weights_layout = p.graph_rank == 3 ? GraphLayout::kOIDHW : GraphLayout::kOIHW;
+  check_always_staged(p);
   p.name = plan_name(p);
   return p;
+}
+
+bool conv_in_float32(const FDNN_Conv_Plan_Create_Args& a) {
+  if (wants_float32_compute(a)) return true;
+  if (fdnn_shim::element_bytes(a.x->dtype) != 2) return false;
+  const bool forward_epilogue =
+      a.op == FDNN_CONV_FORWARD && (fdnn_shim::has_tensor(a.bias) || a.activation != FDNN_ACTIVATION_NONE);
+  return forward_epilogue || a.alpha != 1.f || a.beta != 0.f;
 }
 
 Binding binding_for(uint64_t byte_offset, bool is_weight, OsVersion os) {
   if (byte_offset == 0) return Binding::kDirect;
   if (!is_weight && has_ndarray_views(os)) return Binding::kView;
   return Binding::kStaged;
+}
+
+Binding output_binding(const ProblemPlan& p, const TensorPlan& out, uint64_t byte_offset, OsVersion os) {
+  if (p.reads_old(out)) return Binding::kStaged;
+  return binding_for(byte_offset, &out == &p.w, os);
+}
+
+void check_ndarray_size(const char* name, const TensorPlan& t, size_t element_size, Binding binding) {
+  const uint64_t bytes = span_bytes(t, element_size);
+  if (binding == Binding::kDirect || bytes <= kMaxNDArrayBytes) return;
+  fail(FDNN_ERROR_UNSUPPORTED,
+       "MPS shim: %s spans %llu bytes (%.2f GiB) and would be %s through an MPSNDArray; MPS "
+       "aborts on MPSNDArrays over 4 GiB (2^32 bytes)",
+       name, static_cast<unsigned long long>(bytes), static_cast<double>(bytes) / (1u << 30),
+       binding == Binding::kView ? "viewed" : "staged");
+}
+
+DeviceChoice choose_device(const std::vector<DeviceTraits>& devices) {
+  DeviceChoice choice;
+  std::ostringstream skipped;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const DeviceTraits& d = devices[i];
+    const char* why = d.low_power                                         ? "low power"
+                      : !d.supports_mac2                                  ? "no MTLGPUFamilyMac2"
+                      : d.name.find("Paravirtual") != std::string::npos ? "a virtual machine's GPU"
+                                                                          : nullptr;
+    if (why == nullptr) {
+      choice.index = static_cast<int>(i);
+      return choice;
+    }
+    skipped << (skipped.tellp() > 0 ? "; " : "") << d.name << ": " << why;
+  }
+  choice.reason = devices.empty() ? "no Metal device (MTLCopyAllDevices returned none)"
+                                  : "no Metal device MPS supports (" + skipped.str() + ")";
+  return choice;
 }
 
 size_t max_staging_bytes(const ProblemPlan& p, OsVersion os) {

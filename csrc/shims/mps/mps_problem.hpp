@@ -44,8 +44,30 @@ inline bool has_native_nhwc(OsVersion os) { return os.at_least(15, 0); }
 inline bool has_large_outputs(OsVersion os) { return os.at_least(15, 1); }
 
 constexpr int64_t kMaxOutputDimBefore15_1 = 65536;
-constexpr int64_t kMaxFilterDim = 255;          // filter dims >= 256 are refused
+// MPSGraph's 2-D forward convolution miscomputes filter dims >= 256 (PyTorch's Convolution.mm
+// routes exactly those, 4-D input with a 2-D filter dim >= 256, to a Metal kernel of its own;
+// its backward ops and 3-D keep MPSGraph).
+constexpr int64_t kMaxFilterDim2dForward = 255;
 constexpr int64_t kMaxElements = INT32_MAX;     // MPSGraph indexes tensors with int32
+// MPS aborts the process ("total bytes of NDArray > 2**32") when an MPSNDArray of more bytes
+// is made; the shim makes one for every staged range and every view (see Binding).
+constexpr uint64_t kMaxNDArrayBytes = uint64_t{1} << 32;
+
+// ------------------------------------------------------------------------------------------
+// The Metal device: PyTorch's rule (aten/src/ATen/mps/MPSDevice.mm) over MTLCopyAllDevices():
+// skip low-power GPUs and those without MTLGPUFamilyMac2, which a virtual machine's device
+// fails; also skip the virtual machines' "Apple Paravirtual device" by name, since GitHub's
+// hosted macOS runners expose one and MPS is not supported there.
+struct DeviceTraits {
+  std::string name;
+  bool low_power = false;
+  bool supports_mac2 = false;
+};
+struct DeviceChoice {
+  int index = -1;      // into the devices given; -1: none is usable
+  std::string reason;  // when none: why, naming each device skipped
+};
+DeviceChoice choose_device(const std::vector<DeviceTraits>& devices);
 
 // Conv_Capabilities for this OS: float32 and float16 always, bfloat16 on macOS >= 14,
 // spatial ranks 1 and 2 (1-D as 2-D), 3 on macOS >= 13.2, every activation on FORWARD,
@@ -111,7 +133,9 @@ struct ProblemPlan {
   int graph_rank = 2;  // 2 or 3: the MPSGraph convolution used (1-D problems run as 2-D)
   GraphDtype dtype = GraphDtype::kFloat32;
   size_t element_size = 4;
-  bool compute_in_float32 = false;  // 16-bit inputs cast to float32 inside the graph
+  // 16-bit inputs cast to float32 inside the graph: compute_type float32 was asked for, or an
+  // epilogue follows the convolution (see conv_in_float32).
+  bool compute_in_float32 = false;
   // x, w, y (dy for the backwards) and bias, logical shapes in graph rank.
   TensorPlan x, w, y, bias;
   // The data layout the convolution is given; NHWC/NDHWC only where the OS runs it natively
@@ -136,6 +160,12 @@ struct ProblemPlan {
   std::string name;  // for the plan's algo_name
 };
 
+// Whether the convolution of a 16-bit problem must run in float32: when compute_type asks,
+// or when anything follows it (bias, an activation, alpha != 1, beta != 0). MPSGraph's
+// convolution returns its source's type, so a float16 result would be rounded there and again
+// after the float32 epilogue: two roundings where the ABI promises one.
+bool conv_in_float32(const FDNN_Conv_Plan_Create_Args& a);
+
 // Checks a problem (already through fdnn_shim::check_conv_problem) against this OS and
 // MPSGraph's limits and describes it for the graph; FDNN_ERROR_UNSUPPORTED with the reason
 // for anything capabilities do not cover or MPSGraph is known to get wrong.
@@ -147,8 +177,17 @@ inline size_t span_bytes(const TensorPlan& t, size_t element_size) {
 }
 
 // How a tensor is bound this call. Weights are never viewed: MPSGraph miscomputes
-// convolutions on weight views (PyTorch copies them dense for the same reason).
+// convolutions on weight views (PyTorch copies them dense for the same reason), and a written
+// dw is staged too until a Mac shows that writing a weight view is right.
 Binding binding_for(uint64_t byte_offset, bool is_weight, OsVersion os);
+
+// How a written tensor is bound this call: staged whenever the graph also reads it (beta,
+// gaps to keep), else as binding_for says.
+Binding output_binding(const ProblemPlan& p, const TensorPlan& out, uint64_t byte_offset, OsVersion os);
+
+// Refuses (FDNN_ERROR_UNSUPPORTED, naming the size) a range that would be bound through an
+// MPSNDArray (a view or a staged copy) of more than kMaxNDArrayBytes: MPS aborts on those.
+void check_ndarray_size(const char* name, const TensorPlan& t, size_t element_size, Binding binding);
 
 // Bytes of the plan's own buffers a call can need at most on this OS (every input staged
 // where the OS has no views, every written tensor staged), for the plan's description.

@@ -17,39 +17,60 @@ using fdnn_shim::guarded;
 
 const char* kShimName = "mps";
 
+std::string text_of(NSString* s) {
+  const char* utf8 = s.UTF8String;
+  return utf8 != nullptr ? utf8 : "?";
+}
+
+// The device PyTorch would use (choose_device, mps_problem.cpp) among all of them.
+// MTLCopyAllDevices rather than MTLCreateSystemDefaultDevice: Apple documents that the latter
+// needs CoreGraphics linked on macOS (command-line tools may get nil), and it would return
+// the virtual GPU of a hosted CI runner, where MPS is not supported.
+void pick_device(MetalEnv& env) {
+  NSArray<id<MTLDevice>>* devices = MTLCopyAllDevices();
+  std::vector<DeviceTraits> traits;
+  for (id<MTLDevice> d in devices)
+    traits.push_back({text_of(d.name), static_cast<bool>(d.isLowPower),
+                      static_cast<bool>([d supportsFamily:MTLGPUFamilyMac2])});
+  const DeviceChoice choice = choose_device(traits);
+  if (choice.index < 0) {
+    env.unavailable = choice.reason;
+    return;
+  }
+  env.device = devices[static_cast<NSUInteger>(choice.index)];
+}
+
 MetalEnv make_env() {
   MetalEnv env;
   @autoreleasepool {
     NSOperatingSystemVersion v = [[NSProcessInfo processInfo] operatingSystemVersion];
     env.os = OsVersion{static_cast<int>(v.majorVersion), static_cast<int>(v.minorVersion)};
     env.os_text = "macOS " + std::to_string(v.majorVersion) + "." + std::to_string(v.minorVersion);
-    env.unavailable = os_unavailable_reason(env.os);
-    if (env.unavailable != nullptr) return env;
-    env.device = MTLCreateSystemDefaultDevice();
-    if (env.device == nil) {
-      env.unavailable = "no Metal device (MTLCreateSystemDefaultDevice returned nil: a virtual "
-                        "machine or a hosted CI runner without GPU access)";
+    if (const char* why = os_unavailable_reason(env.os)) {
+      env.unavailable = why;
       return env;
     }
+    pick_device(env);
+    if (env.device == nil) return env;
     env.queue = [env.device newCommandQueue];
     if (env.queue == nil) {
       env.unavailable = "Metal made no command queue";
+      env.device = nil;
       return env;
     }
-    env.device_name = std::string(env.device.name.UTF8String) + " (" + env.os_text + ")";
+    env.device_name = text_of(env.device.name) + " (" + env.os_text + ")";
   }
   return env;
 }
 
-int32_t num_devices(const MetalEnv& env) { return env.unavailable == nullptr ? 1 : 0; }
+int32_t num_devices(const MetalEnv& env) { return env.reason() == nullptr ? 1 : 0; }
 
 void check_device(int32_t device_id, const char* function) {
   const MetalEnv& env = metal_env();
   if (device_id < 0 || device_id >= num_devices(env))
     fail(FDNN_ERROR_INVALID_ARGUMENT, "%s: device_id %d is out of range (%d Metal device%s%s%s)",
          function, static_cast<int>(device_id), static_cast<int>(num_devices(env)),
-         num_devices(env) == 1 ? "" : "s", env.unavailable ? ": " : "",
-         env.unavailable ? env.unavailable : "");
+         num_devices(env) == 1 ? "" : "s", env.reason() ? ": " : "", env.reason() ? env.reason() : "");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -67,7 +88,7 @@ FDNN_Error* shim_info(FDNN_Shim_Info_Args* args) {
     args->device_type = FDNN_DEVICE_METAL;
     args->num_devices = num_devices(env);
     args->priority = FDNN_PRIORITY_VENDOR;
-    args->unavailable_reason = env.unavailable;
+    args->unavailable_reason = env.reason();
   });
 }
 

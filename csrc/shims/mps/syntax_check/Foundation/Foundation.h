@@ -13,10 +13,19 @@ typedef bool BOOL;
 #define NO false
 #define nil nullptr
 
-// Apple's availability macro, one platform: API_AVAILABLE(macos(13.0)).
+// Apple's availability macro, one platform: API_AVAILABLE(macos(13.0)) (os/availability.h);
+// MPS spells it MPS_AVAILABLE_STARTING / MPS_CLASS_AVAILABLE_STARTING, written here with
+// the macOS part only.
 #define FDNN_DECL_AVAILABLE_macos(version) __attribute__((availability(macos, introduced = version)))
 #define API_AVAILABLE(platform) FDNN_DECL_AVAILABLE_##platform
 #define NS_RETURNS_RETAINED __attribute__((ns_returns_retained))
+// Apple's headers are audited for nullability (NS_ASSUME_NONNULL_BEGIN ... _Nullable where
+// nil is allowed); these declarations are too, so passing nil where Apple forbids it warns
+// here (-Wnonnull) as it does against the SDK.
+#define NS_ASSUME_NONNULL_BEGIN _Pragma("clang assume_nonnull begin")
+#define NS_ASSUME_NONNULL_END _Pragma("clang assume_nonnull end")
+
+NS_ASSUME_NONNULL_BEGIN
 
 @class NSString;
 
@@ -26,13 +35,13 @@ typedef bool BOOL;
 @end
 
 @protocol NSCopying
-- (id)copyWithZone:(void*)zone;
+- (id)copyWithZone:(void* _Nullable)zone;
 @end
 
 typedef struct {
   unsigned long state;
-  __unsafe_unretained id* itemsPtr;
-  unsigned long* mutationsPtr;
+  __unsafe_unretained id _Nullable* _Nullable itemsPtr;
+  unsigned long* _Nullable mutationsPtr;
   unsigned long extra[5];
 } NSFastEnumerationState;
 
@@ -50,7 +59,7 @@ __attribute__((objc_root_class))
 @end
 
 @interface NSString : NSObject <NSCopying>
-@property(readonly) const char* UTF8String;
+@property(nullable, readonly) const char* UTF8String;  // nullable in NSString.h
 @end
 
 @interface NSError : NSObject
@@ -103,3 +112,5 @@ typedef struct {
 @property(class, readonly, strong) NSProcessInfo* processInfo;
 @property(readonly) NSOperatingSystemVersion operatingSystemVersion;
 @end
+
+NS_ASSUME_NONNULL_END

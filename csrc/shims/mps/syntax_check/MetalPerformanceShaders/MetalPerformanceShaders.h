@@ -1,9 +1,25 @@
 // FOR THE LINUX SYNTAX CHECK ONLY (.ci/mps.sh), never used in a real build: the
-// MetalPerformanceShaders interfaces the MPS shim uses (MPSCoreTypes.h, MPSCommandBuffer.h,
-// MPSNDArray.h), with the signatures, enum values and availability Apple documents.
+// MetalPerformanceShaders (MPSCore) interfaces the MPS shim uses, with the signatures, enum
+// values, availability and nullability of Apple's headers. Where each comes from:
+//   MPSCoreTypes.h: MPSDataType values (Float32 0x10000020, Float16 0x10000010, Int32
+//     0x20000020, AlternateEncodingBit 0x80000000); BFloat16 = AlternateEncodingBit | Float16,
+//     macOS 14.0 (Apple's documentation page mpsdatatype/bfloat16, mirrored in
+//     Averyy/apple-dev-docs).
+//   MPSNDArray.h (phracker/MacOSX-SDKs MacOSX12.0.sdk MPSCore.framework): MPSNDArray
+//     (class macOS 10.15), -initWithDevice:descriptor: (nonnull instancetype, both arguments
+//     _Nonnull), -exportDataWithCommandBuffer:toBuffer:destinationDataType:offset:rowStrides:
+//     and -importDataWithCommandBuffer:fromBuffer:sourceDataType:offset:rowStrides: (command
+//     buffer and buffer __nonnull, rowStrides __nullable, offset in bytes), the device
+//     property; MPSNDArrayDescriptor +descriptorWithDataType:shape:.
+//   -initWithBuffer:offset:descriptor: is public from macOS 15.0 (PyTorch declares it itself
+//     before that, aten/src/ATen/native/mps/MPSGraphSequoiaOps.h).
+//   MPSCommandBuffer.h: +commandBufferFromCommandQueue: (class macOS 10.15; not re-read for
+//     issue 27, declared as the review read it).
 #pragma once
 
 #import <Metal/Metal.h>
+
+NS_ASSUME_NONNULL_BEGIN
 
 typedef enum : uint32_t {
   MPSDataTypeInvalid = 0,
@@ -18,15 +34,19 @@ typedef enum : uint32_t {
 
 typedef NSArray<NSNumber*> MPSShape;
 
+API_AVAILABLE(macos(10.15))
 @interface MPSCommandBuffer : NSObject <MTLCommandBuffer>
 + (MPSCommandBuffer*)commandBufferFromCommandQueue:(id<MTLCommandQueue>)commandQueue;
 @end
 
+API_AVAILABLE(macos(10.15))
 @interface MPSNDArrayDescriptor : NSObject
 + (instancetype)descriptorWithDataType:(MPSDataType)dataType shape:(NSArray<NSNumber*>*)shape;
 @end
 
+API_AVAILABLE(macos(10.15))
 @interface MPSNDArray : NSObject
+@property(readonly, retain, nonatomic) id<MTLDevice> device;
 - (instancetype)initWithDevice:(id<MTLDevice>)device descriptor:(MPSNDArrayDescriptor*)descriptor;
 - (instancetype)initWithBuffer:(id<MTLBuffer>)buffer
                         offset:(NSUInteger)offset
@@ -35,10 +55,12 @@ typedef NSArray<NSNumber*> MPSShape;
                          fromBuffer:(id<MTLBuffer>)buffer
                      sourceDataType:(MPSDataType)sourceDataType
                              offset:(NSUInteger)offset
-                         rowStrides:(NSInteger*)rowStrides;
+                         rowStrides:(NSInteger* _Nullable)rowStrides;
 - (void)exportDataWithCommandBuffer:(id<MTLCommandBuffer>)cmdBuf
                            toBuffer:(id<MTLBuffer>)buffer
                 destinationDataType:(MPSDataType)destinationDataType
                              offset:(NSUInteger)offset
-                         rowStrides:(NSInteger*)rowStrides;
+                         rowStrides:(NSInteger* _Nullable)rowStrides;
 @end
+
+NS_ASSUME_NONNULL_END
