@@ -196,7 +196,14 @@ class TorchAdapter(ArrayAPIAdapter):
     def export(self, a):
         # torch's own C exporter: Tensor.__dlpack__ is Python code that costs microseconds
         # per call. No stream handshake is needed: flux_dnn runs on torch's current stream.
-        return _torch_to_dlpack(a.detach() if a.requires_grad else a)
+        capsule = _torch_to_dlpack(a.detach() if a.requires_grad else a)
+        if a.is_mps and a.storage_offset():
+            # Older torch exports such a tensor as an address, not an MTLBuffer: refused
+            # (flux_dnn._metal_dlpack) rather than handed to the MPS shim as an object.
+            from ._metal_dlpack import check_torch_export
+
+            check_torch_export(a, capsule)
+        return capsule
 
     def device(self, a):
         dev = a.device

@@ -40,7 +40,7 @@ DEVICE_NAMES = {
 INSTALL_HINTS = {
     _core.DEVICE_CPU: "pip install flux-dnn (its oneDNN CPU shim needs the onednn-cpu-gomp wheel)",
     _core.DEVICE_CUDA: "pip install flux-dnn-cuda13 (or flux-dnn-cuda12 for CUDA 12)",
-    _core.DEVICE_METAL: "pip install flux-dnn on macOS 13 or later (the MPS shim is built into it there)",
+    _core.DEVICE_METAL: "pip install flux-dnn on macOS 14 or later (the MPS shim is built into it there)",
     _core.DEVICE_ROCM: "pip install flux-dnn-rocm",
 }
 

@@ -28,7 +28,9 @@ def shim_spec() -> ShimSpec:
         library=str(pathlib.Path(__file__).with_name("libflux_dnn_mps.dylib")),
         # Metal and MPSGraph ship with macOS: nothing to load first, except the reason to stop.
         preload=None if NOT_HERE is None else _not_here,
-        install_hint="pip install flux-dnn on macOS 13 or later (Apple silicon)",
-        verification="never compiled by Apple's SDK nor run on a Mac (syntax-checked on Linux: scripts/mac_check.sh "
-        "is the check to run on one)",
+        # macOS 14: the wheel's deployment target (pyproject.toml, MACOSX_DEPLOYMENT_TARGET).
+        install_hint="pip install flux-dnn on macOS 14 or later (Apple silicon)",
+        verification="never compiled by Apple's SDK nor run on a Mac (on Linux: its Objective-C++ syntax-checked "
+        "against declarations of Apple's headers, its SDK-free decisions unit-tested; scripts/mac_check.sh is the "
+        "check to run on one)",
     )
