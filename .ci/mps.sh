@@ -66,3 +66,9 @@ expect_error() {  # target, what, code
 expect_error arm64-apple-macos11 "only available on macOS 12.0" "(void)[g castTensor:t toType:MPSDataTypeFloat32 name:@\"c\"];"
 expect_error arm64-apple-macos14 "null passed to a callee that requires a non-null argument" "(void)[g castTensor:t toType:MPSDataTypeFloat32 name:nil];"
 echo "mps: the declarations catch an unguarded macOS 12 API and a nil for a nonnull argument"
+
+# 4. The Mac check rehearsed (issue 27): scripts/mac_check.sh --rehearse in this venv, up to
+#    the gate (which must fail here with the shim's reason) and every test group collected.
+OUT="$out/mac_check" PYTHON=python bash scripts/mac_check.sh --rehearse > "$out/mac_check.log" 2>&1 ||
+  { tail -30 "$out/mac_check.log"; echo "mps: the mac_check rehearsal failed"; exit 1; }
+echo "mps: $(head -1 "$out/mac_check/table.txt")"
