@@ -194,6 +194,7 @@ mps = [s for s in flux_dnn.shims() if s.name == "mps"]
 print("flux_dnn", flux_dnn.__version__, "macOS", platform.mac_ver()[0] or "-")
 try:
     import torch
+    import torch.utils.dlpack
     from flux_dnn._metal_dlpack import dltensor_of
     print("torch", torch.__version__, "MPS available:", torch.backends.mps.is_available())
     if torch.backends.mps.is_available():

@@ -11,7 +11,9 @@ MIOpen's order; id 1 "Direct" without); the tests that rely on them say so."""
 from __future__ import annotations
 
 import os
+import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -202,26 +204,28 @@ def test_a_convolution_says_there_is_no_amd_gpu(tmp_path):
     assert "shim 'miopen': no AMD GPU found (the HIP runtime reports no device" in message, message
 
 
-def test_miopen_databases_go_to_a_per_user_folder_unless_the_caller_chose(miopen, tmp_path):
-    """Before MIOpen loads, the shim points MIOPEN_USER_DB_PATH and MIOPEN_CUSTOM_CACHE_DIR
-    at $XDG_CACHE_HOME/flux_dnn/miopen (made 0700) when unset, and leaves a caller's alone."""
+def test_miopen_databases_are_left_where_miopen_puts_them(miopen, tmp_path):
+    """The shim sets no MIOPEN_* variable (review D13): in a PyTorch process MIOpen's databases
+    and kernel cache are PyTorch's too, and setenv races with other threads' getenv."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIOPEN_")}
-    _fresh_info(miopen.path, {**env, "XDG_CACHE_HOME": str(tmp_path / "cache")})
-    root = tmp_path / "cache" / "flux_dnn" / "miopen"
-    assert (root / "db").is_dir() and (root / "kernels").is_dir()
-    assert (root.stat().st_mode & 0o777) == 0o700
-    mine = tmp_path / "mine"
-    _fresh_info(miopen.path, {**env, "XDG_CACHE_HOME": str(tmp_path / "other"), "MIOPEN_USER_DB_PATH": str(mine)})
-    assert not (tmp_path / "other").exists()
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import os, sys; sys.path.insert(0, sys.argv[2]); from abi.fdnn_ctypes import Shim; Shim(sys.argv[1]).info(); "
+        "print(sorted(k for k in os.environ if k.startswith('MIOPEN_')))"
+    )
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, "-c", code, miopen.path, tests], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]" and not (tmp_path / "cache").exists()
 
 
 @pytest.mark.skipif(not ON_DOUBLE, reason="executes on host memory: the double's")
 @pytest.mark.parametrize("op", ["forward", "backward_data", "backward_weight"])
 @pytest.mark.parametrize("rank", [1, 2, 3])
 def test_grouped_dilated_asymmetric_with_epilogue(miopen, rng, op, rank):
-    """Everything MIOpen lacks at once: groups with dilation (one call per group), asymmetric
-    padding (a padded copy), alpha and beta (tensor ops), a bias or its gradient, 1-D as 2-D;
-    against the float64 reference."""
+    """Groups with dilation (one MIOpen call: review D9), asymmetric padding (a padded copy),
+    alpha and beta (tensor ops), a bias or its gradient, 1-D as 2-D; against the float64
+    reference."""
     problem = P.Problem(
         miopen,
         op=op,
@@ -237,8 +241,88 @@ def test_grouped_dilated_asymmetric_with_epilogue(miopen, rng, op, rank):
     )
     handle, size = P.plan(miopen, problem)
     try:
-        assert problem.args.algo_name.decode().endswith(", one call per group")  # owned by the plan
+        assert "per group" not in problem.args.algo_name.decode()  # owned by the plan
         assert miopen.call("Conv_Plan_Execute", problem.execute_args(handle, size)) is None
     finally:
         miopen.destroy(handle)
     P.check_result(problem)
+
+
+@pytest.mark.skipif(not ON_DOUBLE, reason="makes the double's find-db record appear")
+@pytest.mark.parametrize("op", OPS)
+def test_a_given_id_is_served_after_a_find_db_record_appears(miopen, op):
+    """GetSolution lists a find-db record's solutions once one exists, else the fallback's
+    (MIOpen's convolutionocl.cpp GetSolutions), so an id kept from an earlier plan may no
+    longer be listed; MIOpen still runs any applicable id (review D8)."""
+    import ctypes
+
+    record = ctypes.CDLL(os.environ["FLUX_DNN_MIOPEN_LIBRARY"]).fdnn_double_set_find_record
+    ws, algo, _ = _plan(miopen, _problem(op))
+    record(1)
+    try:
+        listed = _plan(miopen, _problem(op))[1]
+        assert listed != algo  # the list changed
+        assert _plan(miopen, _problem(op, algo_policy=ABI.ALGO_GIVEN, algo_id=algo))[:2] == (ws, algo)
+    finally:
+        record(0)
+
+
+@pytest.mark.skipif(not ON_DOUBLE, reason="relies on the double's solution 2 (workspace) and 1 (none)")
+def test_the_workspace_stays_within_the_limit_with_the_shims_part(miopen):
+    """MIOpen's part is 256-byte aligned before the shim's copies: a solution fits when the
+    rounded total does (review D14)."""
+    cursor = _plan(miopen, _problem(lo=1, hi=2, algo_policy=ABI.ALGO_GIVEN, algo_id=1))[0]
+    gemm = 2 * 6 * 9 * 9 * 4 + 64  # the double's GEMM workspace for y (2, 6, 9, 9)
+    assert gemm % 256 != 0
+    limit = gemm + cursor
+    ws, algo, _ = _plan(miopen, _problem(lo=1, hi=2, workspace_limit=limit))
+    assert ws <= limit and algo == 1
+
+
+@pytest.mark.skipif(not ON_DOUBLE, reason="FLUX_DNN_MIOPEN_DOUBLE_VERSION sets the double's version")
+@pytest.mark.parametrize(("version", "claimed"), [("2.17.0", False), ("2.18.0", True)])
+def test_deterministic_is_claimed_from_miopen_2_18(miopen, version, claimed):
+    """MIOPEN_CONVOLUTION_ATTRIB_DETERMINISTIC came in MIOpen 2.18 (commit 95716c2ed); on 2.16
+    and 2.17 miopenSetConvolutionAttribute exists but refuses it (review D7)."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[2]); from abi.fdnn_ctypes import Shim, ABI, DTYPES; "
+        "print(Shim(sys.argv[1]).capabilities(ABI.CONV_FORWARD, DTYPES['float32']).features)"
+    )
+    env = {**os.environ, "FLUX_DNN_MIOPEN_DOUBLE_VERSION": version}
+    done = subprocess.run([sys.executable, "-c", code, miopen.path, tests], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert bool(int(done.stdout) & ABI.FEATURE_DETERMINISTIC) == claimed
+
+
+def test_bfloat16_is_refused_with_the_reason(miopen):
+    """MIOpen has no bfloat16 tensor ops for what surrounds a convolution (review D4): refused
+    at plan time, from the capabilities, never at execute."""
+    caps = miopen.capabilities(ABI.CONV_FORWARD, F.DTYPES["bfloat16"])
+    assert caps.support == ABI.SUPPORT_NONE and b"bfloat16" in caps.detail
+    code, message = miopen.call("Conv_Plan_Create", _problem(dtype="bfloat16"))
+    assert code == "UNSUPPORTED" and "bfloat16" in message
+
+
+@pytest.mark.skipif(not ON_DOUBLE, reason="loads a second copy of the double's HIP runtime")
+def test_two_hip_runtimes_make_the_shim_unavailable(miopen, tmp_path):
+    """Arrays of one HIP runtime must not reach MIOpen on another (review D10): with two
+    libamdhip64 mapped the shim says so instead of running."""
+    # another soname: the loader reuses a loaded object whose soname matches a DT_NEEDED entry
+    other = tmp_path / "libamdhip64.so.7"
+    cxx = os.environ.get("CXX") or shutil.which("c++") or pytest.skip("no C++ compiler")
+    source = pathlib.Path(miopen_double.HERE, "hip_double.cpp")
+    includes = [f"-I{d}" for d in miopen_double.INCLUDES]
+    soname = "-Wl,-soname,libamdhip64.so.7"
+    command = [cxx, "-std=c++17", "-shared", "-fPIC", *includes, str(source), soname, "-o", str(other)]
+    subprocess.run(command, check=True)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import ctypes, sys; ctypes.CDLL(sys.argv[3], mode=ctypes.RTLD_GLOBAL); sys.path.insert(0, sys.argv[2]); "
+        "from abi.fdnn_ctypes import Shim; print((Shim(sys.argv[1]).info().unavailable_reason or b'').decode())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, miopen.path, tests, str(other)], capture_output=True, text=True, env=os.environ
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("more than one HIP runtime is loaded"), done.stdout

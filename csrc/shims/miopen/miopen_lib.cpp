@@ -1,18 +1,22 @@
 // Finding libMIOpen.so.1 and the HIP runtime at run time.
 //
-// MIOpen, in this order: the path in FLUX_DNN_MIOPEN_LIBRARY (the Python package sets it to
-// the copy inside an installed PyTorch ROCm wheel); a libMIOpen.so.1 already loaded in the
-// process; $ROCM_PATH/lib; /opt/rocm/lib; the dynamic linker's search path. The HIP runtime:
-// one already loaded in the process (PyTorch and CuPy load their own, and the shim must
-// share the runtime of the arrays it is given), else the one MIOpen itself was linked to.
+// MIOpen, in this order: a libMIOpen.so.1 already loaded in the process (PyTorch's: a second
+// MIOpen would bring a second HIP runtime); the path in FLUX_DNN_MIOPEN_LIBRARY (the Python
+// package sets it to the copy inside an installed PyTorch ROCm wheel); $ROCM_PATH/lib;
+// /opt/rocm/lib; the dynamic linker's search path. The HIP runtime: the one MIOpen itself is
+// linked to (symbols looked up through MIOpen's handle), so the shim and MIOpen share one.
+// More than one libamdhip64 mapped in the process (two runtimes: arrays of one handed to the
+// other) makes the shim unavailable, with the paths.
 #include "miopen_lib.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <vector>
 
 namespace fdnn_miopen {
@@ -35,10 +39,18 @@ std::vector<std::string> miopen_candidates() {
   return paths;
 }
 
+// The file a loaded library came from (dladdr on one of its functions).
+std::string file_of(void* lib, const char* symbol) {
+  Dl_info info{};
+  void* fn = ::dlsym(lib, symbol);
+  if (fn != nullptr && ::dladdr(fn, &info) != 0 && info.dli_fname != nullptr) return info.dli_fname;
+  return "";
+}
+
 // The already-loaded copy first, then the candidates, then the search path.
 void* open_miopen(std::string* path, std::string* tried) {
   if (void* h = ::dlopen(kSoname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD)) {
-    *path = std::string(kSoname) + " (already loaded)";
+    *path = file_of(h, "miopenGetVersion") + " (already loaded)";
     return h;
   }
   std::vector<std::string> paths = miopen_candidates();
@@ -54,18 +66,26 @@ void* open_miopen(std::string* path, std::string* tried) {
     *tried += "\n  " + p + ": " + ::dlerror();
   }
   if (void* h = ::dlopen(kSoname, RTLD_NOW | RTLD_GLOBAL)) {
-    *path = kSoname;
+    *path = file_of(h, "miopenGetVersion");
     return h;
   }
   *tried += std::string("\n  ") + kSoname + " on the library path: " + ::dlerror();
   return nullptr;
 }
 
-void* open_hip(void* miopen) {
-  for (const char* name : {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5",
-                           "libamdhip64.so"})
-    if (void* h = ::dlopen(name, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD)) return h;
-  return miopen;  // dlsym on MIOpen's handle searches its dependencies: its HIP runtime
+// Every libamdhip64 mapped in the process, by file.
+std::set<std::string> hip_runtimes() {
+  std::set<std::string> found;
+  ::dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* out) {
+        const std::string name = info->dlpi_name ? info->dlpi_name : "";
+        const size_t slash = name.rfind('/');
+        if (name.compare(slash == std::string::npos ? 0 : slash + 1, 11, "libamdhip64") == 0)
+          static_cast<std::set<std::string>*>(out)->insert(name);
+        return 0;
+      },
+      &found);
+  return found;
 }
 
 template <class Fn>
@@ -129,32 +149,6 @@ void bind_miopen(void* lib, MIOpen* m, std::string* missing) {
       ::dlsym(lib, "miopenSetConvolutionAttribute"));
 }
 
-void make_dirs(const std::string& path) {
-  for (size_t at = 1; at <= path.size(); ++at)
-    if (at == path.size() || path[at] == '/') ::mkdir(path.substr(0, at).c_str(), 0700);
-}
-
-// MIOpen keeps its tuning database and compiled kernels in files it locks for concurrent
-// processes. Its defaults (~/.config/miopen, ~/.cache/miopen) are per user already; the
-// shim only fills in a per-user folder of its own when the caller set neither, and never
-// overrides a caller's choice.
-void set_database_directory() {
-  const char* user_db = std::getenv("MIOPEN_USER_DB_PATH");
-  if (user_db && *user_db) return;
-  std::string base;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    base = xdg;
-  else if (const char* home = std::getenv("HOME"); home && *home)
-    base = std::string(home) + "/.cache";
-  else
-    return;  // no home: MIOpen's own defaults
-  std::string root = base + "/flux_dnn/miopen";
-  make_dirs(root + "/db");
-  make_dirs(root + "/kernels");
-  ::setenv("MIOPEN_USER_DB_PATH", (root + "/db").c_str(), 0);
-  ::setenv("MIOPEN_CUSTOM_CACHE_DIR", (root + "/kernels").c_str(), 0);
-}
-
 std::string hip_error_text(const Hip& hip, hipError_t e) {
   const char* s = hip.GetErrorString ? hip.GetErrorString(e) : nullptr;
   return std::string(s ? s : "unknown HIP error") + " (" + std::to_string(e) + ")";
@@ -162,7 +156,8 @@ std::string hip_error_text(const Hip& hip, hipError_t e) {
 
 Libraries load() {
   Libraries L;
-  set_database_directory();
+  // MIOpen's databases and kernel cache stay where MIOpen puts them (per user already): in a
+  // PyTorch process they are PyTorch's too, and setenv would race with other threads.
   std::string tried;
   void* miopen = open_miopen(&L.miopen_path, &tried);
   if (miopen == nullptr) {
@@ -172,15 +167,24 @@ Libraries load() {
   }
   std::string missing;
   bind_miopen(miopen, &L.miopen, &missing);
-  bind_hip(open_hip(miopen), &L.hip, &missing);
+  // dlsym on MIOpen's handle searches its dependencies: its own HIP runtime.
+  bind_hip(miopen, &L.hip, &missing);
   if (!missing.empty()) {
     L.why_not = L.miopen_path + " lacks functions the shim needs (MIOpen 2.x or later with "
                 "its HIP runtime):" + missing;
     return L;
   }
-  size_t major = 0, minor = 0, patch = 0;
-  if (L.miopen.GetVersion(&major, &minor, &patch) == miopenStatusSuccess)
-    L.version = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  size_t patch = 0;
+  if (L.miopen.GetVersion(&L.major, &L.minor, &patch) == miopenStatusSuccess)
+    L.version = std::to_string(L.major) + "." + std::to_string(L.minor) + "." + std::to_string(patch);
+  const std::set<std::string> runtimes = hip_runtimes();
+  if (runtimes.size() > 1) {
+    L.why_not = "more than one HIP runtime is loaded in this process (";
+    for (const std::string& r : runtimes) L.why_not += (r == *runtimes.begin() ? "" : ", ") + r;
+    L.why_not += "): arrays of one would reach MIOpen on the other. Load flux_dnn's MIOpen "
+                 "from the same ROCm as the array library (FLUX_DNN_MIOPEN_LIBRARY)";
+    return L;
+  }
   int count = 0;
   hipError_t e = L.hip.GetDeviceCount(&count);
   if (e == hipErrorNoDevice || (e == hipSuccess && count == 0)) {

@@ -62,10 +62,14 @@ struct MIOpen {
 struct Libraries {
   MIOpen miopen{};
   Hip hip{};
-  std::string miopen_path;   // where libMIOpen was found
+  std::string miopen_path;   // the file of the libMIOpen in use
   std::string version;       // "3.1.0"; "" when MIOpen is missing
+  size_t major = 0, minor = 0;
   std::string why_not;       // "" when usable; else in words for a user
   int num_devices = 0;
+  bool version_at_least(size_t want_major, size_t want_minor) const {
+    return major > want_major || (major == want_major && minor >= want_minor);
+  }
 };
 
 // Loads both once (thread-safe) and reports what it found; never throws.

@@ -1,21 +1,27 @@
 // The MIOpen shim: flux_dnn's ABI (flux_dnn.h) over MIOpen's immediate-mode convolution API
 // on AMD GPUs. MIOpen and HIP are dlopened (miopen_lib.cpp); their declarations are ours
-// (miopen_api.hpp). It has never run on an AMD GPU: tests/doubles/miopen checks its plumbing.
+// (miopen_api.hpp). It has never run on an AMD GPU: tests/doubles/miopen, which reproduces
+// what MIOpen's source does (its file comment names each source), checks it.
 //
 // MIOpen's gaps, closed here rather than passed on to the caller:
 //  - 1-D convolutions: 2-D with a unit height;
 //  - asymmetric padding (MIOpen pads symmetrically): x is copied into a zero-padded buffer in
 //    the workspace (forward, backward-weight), or dx is computed into one and its interior
 //    copied out (backward-data); never dropped;
-//  - grouped + dilated convolutions: one call per group on channel slices;
 //  - alpha/beta (immediate mode takes none), bias, activations: MIOpen's own tensor ops
 //    (miopenOpTensor, miopenScaleTensor, miopenActivationForward) on the conv result;
 //  - tensors not packed in one layout (MIOpen reads the layout from the strides and wants x,
-//    w and y alike): copied into packed buffers of x's layout in the workspace;
-//  - the bias gradient of an NHWC dy: dy copied to NCHW first (MIOpen's bias kernels are
-//    NCHW only).
+//    w and y alike), views with gaps, repeated (stride 0) inputs: copied into packed buffers of
+//    x's layout in the workspace;
+//  - the bias gradient of an NHWC dy: dy copied to NCHW first (MIOpen's bias kernel reads
+//    each channel's map as contiguous).
+// miopenOpTensor is not a strided copy: packed operands are processed flat, the bias kernel
+// indexes as NCHW, and the generic kernels take no stride for the last dim (it is assumed 1).
+// So every OpTensor call here describes its tensors in 5 dims whose last is a unit dim of
+// stride 1 (the generic kernel then sees every real stride): copies as `TensorCopy`, the
+// epilogue on a flat view of the packed result (`EpilogueViews`).
 // Layout of the caller's workspace: [MIOpen's | staged x | staged w | staged y | activation
-// scratch | dy in NCHW | two constant cells], each part 256-byte aligned.
+// scratch | dy in NCHW | bias gradient | packed bias | constant cells], each 256-byte aligned.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -24,9 +30,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "fp16.hpp"
 #include "miopen_api.hpp"
 #include "miopen_lib.hpp"
 #include "shim_common.hpp"
@@ -87,16 +95,32 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
-// One MIOpen handle per device and thread (handles are not thread-safe); the stream is set
-// on every call, so the work is ordered on the caller's stream.
+// One MIOpen handle per device and thread at a time (handles are not thread-safe); the
+// stream is set on every call, so the work is ordered on the caller's stream. A thread's
+// handles go back to a per-device pool when it ends, for the next thread: MIOpen keeps its
+// compiled kernels per handle, as PyTorch's handle pool does (aten/src/ATen/miopen/Handle.cpp).
+std::mutex pool_mutex;
+std::map<int, std::vector<miopenHandle_t>>& handle_pool() {
+  static auto* pool = new std::map<int, std::vector<miopenHandle_t>>();  // never destroyed
+  return *pool;
+}
+
 miopenHandle_t thread_handle(int device, void* stream) {
   struct Handles {
     std::map<int, miopenHandle_t> by_device;
-    // At thread exit, destroying handles could run after the HIP runtime is gone: left to
-    // the process's end, as PyTorch does with its pools.
+    ~Handles() {
+      std::lock_guard<std::mutex> lock(pool_mutex);
+      for (auto& [d, h] : by_device)
+        if (h != nullptr) handle_pool()[d].push_back(h);
+    }
   };
   thread_local Handles handles;
   miopenHandle_t& h = handles.by_device[device];
+  if (h == nullptr) {
+    std::lock_guard<std::mutex> lock(pool_mutex);
+    std::vector<miopenHandle_t>& free = handle_pool()[device];
+    if (!free.empty()) h = free.back(), free.pop_back();
+  }
   if (h == nullptr) check_miopen(mi().Create(&h), "miopenCreate");
   check_miopen(mi().SetStream(h, static_cast<hipStream_t>(stream)), "miopenSetStream");
   return h;
@@ -184,6 +208,23 @@ miopenDataType_t miopen_type(FDNN_DLDataType t) {
   return t.bits == 16 ? miopenHalf : miopenFloat;
 }
 
+// A host scalar in the tensor's own type: miopenSetTensor and miopenScaleTensor read their
+// alpha as the tensor's type, not as float (MIOpen's tensorocl.cpp: `*as_float(alpha)`;
+// visit_float.hpp). A float 0.75 read as half would be 0.
+struct Scalar {
+  alignas(8) unsigned char bytes[8] = {0};
+  Scalar(miopenDataType_t type, double v) {
+    const float f = static_cast<float>(v);
+    if (type == miopenHalf || type == miopenBFloat16) {
+      const uint16_t h = type == miopenHalf ? fdnn_shim::float_to_half(f) : fdnn_shim::float_to_bf16(f);
+      std::memcpy(bytes, &h, sizeof h);
+    } else {
+      std::memcpy(bytes, &f, sizeof f);
+    }
+  }
+  const void* get() const { return bytes; }
+};
+
 // An owned miopenTensorDescriptor_t.
 class Tensor {
  public:
@@ -215,6 +256,86 @@ class Tensor {
   Dims dims_;
 };
 
+// Dims of 5 for miopenOpTensor: `shape` (at most 4 dims) padded with leading unit dims, and a
+// unit last dim of stride 1. MIOpen's 5-D tensor kernel (Op5dTensorGeneric) takes the
+// strides of the first four dims and assumes 1 for the last, so every real stride reaches it.
+Dims op_dims(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  Dims d{std::vector<int64_t>(5, 1), std::vector<int64_t>(5, 1)};
+  const size_t lead = 4 - shape.size();
+  for (size_t i = 0; i < shape.size(); ++i) {
+    d.shape[lead + i] = shape[i];
+    d.strides[lead + i] = std::max<int64_t>(strides[i], 1);  // MIOpen: strides > 0
+  }
+  return d;
+}
+
+// dst = alpha * src + beta * dst for two tensors of one shape and any strides (src may repeat
+// elements: stride 0), with MIOpen's tensor ops only: miopenOpTensor max(a, a) on op_dims
+// descriptors, or, when src repeats elements (a stride-0 descriptor is refused: "Strides must
+// be > 0"), dst zeroed by miopenSetTensor and src added as a broadcast B. Size-1 dims are
+// dropped and dims contiguous in both merged; a tensor left with 5 dims is copied in one call
+// per index of its outermost dim.
+class TensorCopy {
+ public:
+  TensorCopy() = default;
+  TensorCopy(std::vector<int64_t> shape, std::vector<int64_t> src, std::vector<int64_t> dst,
+             miopenDataType_t type, size_t element_size) : type_(type), element_size_(element_size) {
+    simplify(&shape, &src, &dst);
+    if (shape.size() > 4) {
+      calls_ = shape[0], src_step_ = src[0], dst_step_ = dst[0];
+      shape.erase(shape.begin()), src.erase(src.begin()), dst.erase(dst.begin());
+    }
+    std::vector<int64_t> src_shape = shape;
+    for (size_t i = 0; i < shape.size(); ++i)
+      if (src[i] == 0) src_shape[i] = 1, broadcast_ = true;
+    src_ = Tensor(op_dims(src_shape, src), type);
+    dst_ = Tensor(op_dims(shape, dst), type);
+    active_ = true;
+  }
+  bool active() const { return active_; }
+
+  void run(miopenHandle_t h, const void* src, void* dst, float alpha, float beta) const {
+    for (int64_t i = 0; i < calls_; ++i) {
+      const char* s = static_cast<const char*>(src) + offset(i * src_step_);
+      char* d = static_cast<char*>(dst) + offset(i * dst_step_);
+      if (broadcast_) {  // dst = 0 + src (an overlapping src is read, never written: beta 0)
+        const float one = 1.f, zero = 0.f;
+        check_miopen(mi().SetTensor(h, dst_.get(), d, Scalar(type_, 0).get()),
+                     "miopenSetTensor (copy)");
+        check_miopen(mi().OpTensor(h, miopenTensorOpAdd, &one, dst_.get(), d, &one, src_.get(), s,
+                                   &zero, dst_.get(), d),
+                     "miopenOpTensor (copy)");
+      } else {
+        check_miopen(mi().OpTensor(h, miopenTensorOpMax, &alpha, src_.get(), s, &alpha, src_.get(),
+                                   s, &beta, dst_.get(), d),
+                     "miopenOpTensor (copy)");
+      }
+    }
+  }
+
+ private:
+  size_t offset(int64_t elements) const { return static_cast<size_t>(elements) * element_size_; }
+  static void simplify(std::vector<int64_t>* shape, std::vector<int64_t>* src,
+                       std::vector<int64_t>* dst) {
+    std::vector<int64_t> n, s, d;
+    for (size_t i = 0; i < shape->size(); ++i) {
+      if ((*shape)[i] == 1) continue;
+      if (!n.empty() && s.back() == (*src)[i] * (*shape)[i] && d.back() == (*dst)[i] * (*shape)[i]) {
+        n.back() *= (*shape)[i], s.back() = (*src)[i], d.back() = (*dst)[i];  // merged
+        continue;
+      }
+      n.push_back((*shape)[i]), s.push_back((*src)[i]), d.push_back((*dst)[i]);
+    }
+    if (n.empty()) n = {1}, s = {1}, d = {1};
+    *shape = n, *src = s, *dst = d;
+  }
+  miopenDataType_t type_ = miopenFloat;
+  size_t element_size_ = 4;
+  Tensor src_, dst_;
+  bool broadcast_ = false, active_ = false;
+  int64_t calls_ = 1, src_step_ = 0, dst_step_ = 0;
+};
+
 // ---- the plan ------------------------------------------------------------------------------
 
 // One of x, w, y as the convolution sees it.
@@ -223,14 +344,17 @@ struct Operand {
   bool padded = false;   // x in a zero-padded buffer (asymmetric padding)
   size_t offset = 0;     // of the staged copy in the workspace
   size_t bytes = 0;      // of the staged copy
-  int64_t group_step = 0;  // elements between the channel slices of two groups
-  Tensor user;           // the caller's tensor
   Tensor full;           // the whole tensor the convolution reads or writes
-  Tensor interior;       // padded x: the view of `full` that holds x; else unused
-  Tensor conv;           // what one convolution call sees (a group's slice, or `full`)
+  TensorCopy copy;       // staged: the caller's tensor into the copy (or out of it, for c)
   size_t interior_bytes = 0;  // padded x: where x starts in `full` (after the lo padding)
-  const Tensor& data_view() const { return padded ? interior : full; }
   char* data_at(char* base) const { return base + interior_bytes; }
+};
+
+// The forward epilogue's view of the packed result r: 5-D op_dims of (N, K, spatial) for NCHW
+// and (N * spatial, K) for NHWC, the bias as (1, K, 1) / (1, K) beside it, and one element
+// for the constant cells. Every OpTensor then runs MIOpen's 5-D kernel with unit last strides.
+struct EpilogueViews {
+  Tensor out, bias, cell;
 };
 
 enum { X = 0, W = 1, Y = 2 };
@@ -266,18 +390,19 @@ struct FDNN_Plan {
   Operand operand[3];  // X, W, Y
   int in_a = Y, in_b = W, out = X;  // the direction's (a, b, conv, c) order of operands
   miopenConvolutionDescriptor_t conv = nullptr;
-  int64_t group_calls = 1;  // > 1: one call per group (grouped + dilated)
   Solution solution;
   std::string algo_name;
   float alpha = 1.f, beta = 0.f;
   int32_t activation = FDNN_ACTIVATION_NONE;
   float activation_alpha = 0.f, activation_beta = 0.f;
   bool has_bias = false;
-  Tensor bias;        // (1, K, 1, 1[, 1]) for the forward bias and the bias gradient
-  Tensor dy_nchw;     // dy copied to NCHW for the bias gradient, when dy is not NCHW
-  size_t dy_nchw_offset = 0, act_offset = 0, cells_offset = 0, db_offset = 0;
-  Tensor cell;        // one element, broadcast (clip bounds)
-  Tensor db_scratch;  // the bias gradient before alpha/beta
+  EpilogueViews views;  // forward: the result, the bias and a cell as OpTensor sees them
+  TensorCopy bias_in;   // forward: a bias of stride != 1 into a packed one in the workspace
+  Tensor dy_nchw;       // backward-weight: dy as the bias gradient reads it (packed NCHW)
+  TensorCopy dy_copy;   // dy into dy_nchw, when dy is not NCHW
+  Tensor db;            // the bias gradient as MIOpen writes it: K contiguous elements
+  TensorCopy db_out;    // db into the caller's, when not written there directly
+  size_t dy_nchw_offset = 0, act_offset = 0, cells_offset = 0, db_offset = 0, bias_offset = 0;
   std::vector<Activation> activations;  // descriptors the activation uses, in order
   size_t workspace_size = 0;
   std::string description;
@@ -306,12 +431,6 @@ bool asymmetric(const FDNN_Conv_Plan_Create_Args& a) {
   return false;
 }
 
-bool any_dilation(const FDNN_Conv_Plan_Create_Args& a) {
-  for (int i = 0; i < a.spatial_rank; ++i)
-    if (a.dilation[i] != 1) return true;
-  return false;
-}
-
 // MIOpen's spatial parameters (a unit first dim for 1-D).
 std::vector<int> spatial(const int64_t* v, int rank, int unit) {
   std::vector<int> out;
@@ -332,14 +451,13 @@ void check_params_int32(const FDNN_Conv_Plan_Create_Args& a) {
 }
 
 // Lays out one operand: the caller's tensor, whether it is staged (and padded), and the
-// descriptors the convolution sees. `lo`/`hi` pad the spatial dims of x (0 elsewhere).
+// descriptor the convolution sees. `lo`/`hi` pad the spatial dims of x (0 elsewhere).
 void plan_operand(FDNN_Plan* p, int which, const FDNN_DLTensor* t, int rank, bool pad,
                   const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
                   bool is_output, size_t* cursor, const char* name) {
   Operand& o = p->operand[which];
   Dims user = canonical(read_dims(t, rank), p->layout);
   check_int32(user, name);
-  o.user = Tensor(user, p->type);
   o.padded = pad;
   o.staged = pad || !is_packed(user, p->layout) || (is_output && p->beta != 0.f);
   std::vector<int64_t> full_shape = user.shape;
@@ -348,30 +466,23 @@ void plan_operand(FDNN_Plan* p, int which, const FDNN_DLTensor* t, int rank, boo
   Dims full = o.staged ? packed(full_shape, p->layout) : user;
   check_int32(full, name);
   o.full = Tensor(full, p->type);
-  if (pad) {
-    Dims interior{user.shape, full.strides};
-    o.interior = Tensor(interior, p->type);
+  if (!o.staged) return;
+  if (pad)
     for (size_t d = 2; d < full.shape.size(); ++d)
       o.interior_bytes += static_cast<size_t>(lo[d - 2] * full.strides[d]) * p->element_size;
-  }
-  if (o.staged) {
-    o.bytes = round_up(full.elements() * p->element_size);
-    o.offset = *cursor;
-    *cursor += o.bytes;
-  }
+  // The copy between the caller's tensor and the staged one's (interior) elements.
+  o.copy = is_output ? TensorCopy(user.shape, full.strides, user.strides, p->type, p->element_size)
+                     : TensorCopy(user.shape, user.strides, full.strides, p->type, p->element_size);
+  o.bytes = round_up(full.elements() * p->element_size);
+  o.offset = *cursor;
+  *cursor += o.bytes;
 }
 
-// The group slices of one call: the channel dim (w's K) divided by the number of calls.
-void plan_slices(FDNN_Plan* p, int64_t calls) {
-  p->group_calls = calls;
-  for (int which : {X, W, Y}) {
-    Operand& o = p->operand[which];
-    Dims d = o.full.dims();
-    const size_t channel = which == W ? 0 : 1;
-    d.shape[channel] /= calls;
-    o.group_step = d.shape[channel] * d.strides[channel];
-    o.conv = Tensor(d, p->type);
-  }
+// Whether this MIOpen has the DETERMINISTIC attribute: miopenSetConvolutionAttribute came in
+// 2.16 with FP16_ALT_IMPL only, DETERMINISTIC in 2.18 (MIOpen commit 95716c2ed,
+// ROCm/MIOpen#1551); before, setting it fails "Attribute [1] does not exist".
+bool has_deterministic() {
+  return mi().SetConvolutionAttribute != nullptr && libraries().version_at_least(2, 18);
 }
 
 void plan_convolution(FDNN_Plan* p, const FDNN_Conv_Plan_Create_Args& a, bool pad_copy) {
@@ -384,30 +495,44 @@ void plan_convolution(FDNN_Plan* p, const FDNN_Conv_Plan_Create_Args& a, bool pa
                                                 pads.data(), strides.data(), dilations.data(),
                                                 miopenConvolution),
                "miopenInitConvolutionNdDescriptor");
-  // MIOpen has no grouped convolution with dilation: one call per group instead.
-  const bool per_group = a.groups > 1 && any_dilation(a);
-  if (a.groups > 1 && !per_group)
+  // Groups with dilation too: MIOpen serves both at once (its ValidateGroupCount has no
+  // dilation test; PyTorch's Conv_Miopen.cpp passes both).
+  if (a.groups > 1)
     check_miopen(mi().SetConvolutionGroupCount(p->conv, static_cast<int>(a.groups)),
                  "miopenSetConvolutionGroupCount");
   if (a.flags & FDNN_CONV_DETERMINISTIC)
     check_miopen(mi().SetConvolutionAttribute(p->conv, MIOPEN_CONVOLUTION_ATTRIB_DETERMINISTIC, 1),
                  "miopenSetConvolutionAttribute(DETERMINISTIC)");
-  plan_slices(p, per_group ? a.groups : 1);
+  // float16 backward ops on MI200 default to an alternate implementation through bfloat16
+  // (MIOpen docs/conceptual/MI200-alt-implementation.rst): off unless reduced precision is
+  // allowed.
+  if (p->type == miopenHalf && a.op != FDNN_CONV_FORWARD && mi().SetConvolutionAttribute &&
+      !(a.flags & FDNN_CONV_ALLOW_REDUCED_PRECISION))
+    check_miopen(mi().SetConvolutionAttribute(p->conv, MIOPEN_CONVOLUTION_ATTRIB_FP16_ALT_IMPL, 0),
+                 "miopenSetConvolutionAttribute(FP16_ALT_IMPL)");
 }
 
 const Direction& direction(const FDNN_Plan& p) { return mi().direction[p.op]; }
 
+// MIOpen's name of one step of the plan's direction ("miopenConvolutionForwardImmediate").
+std::string step_name(const FDNN_Plan& p, const char* step) {
+  static const char* const prefix[3] = {"miopenConvolutionForward", "miopenConvolutionBackwardData",
+                                        "miopenConvolutionBackwardWeights"};
+  return std::string(prefix[p.op]) + step;
+}
+
 std::vector<Solution> solutions(const FDNN_Plan& p, miopenHandle_t h) {
   const Direction& d = direction(p);
-  auto A = p.operand[p.in_a].conv.get(), B = p.operand[p.in_b].conv.get();
-  auto C = p.operand[p.out].conv.get();
+  auto A = p.operand[p.in_a].full.get(), B = p.operand[p.in_b].full.get();
+  auto C = p.operand[p.out].full.get();
   size_t count = 0;
-  check_miopen(d.GetSolutionCount(h, A, B, p.conv, C, &count), "GetSolutionCount");
+  check_miopen(d.GetSolutionCount(h, A, B, p.conv, C, &count),
+               step_name(p, "GetSolutionCount").c_str());
   std::vector<miopenConvSolution_t> found(std::max<size_t>(count, 1));
   size_t returned = 0;
   if (count > 0)
     check_miopen(d.GetSolution(h, A, B, p.conv, C, count, &returned, found.data()),
-                 "GetSolution");
+                 step_name(p, "GetSolution").c_str());
   std::vector<Solution> out;
   for (size_t i = 0; i < returned && i < found.size(); ++i)
     out.push_back({found[i].solution_id, found[i].workspace_size, found[i].algorithm});
@@ -421,30 +546,26 @@ const char* algorithm_name(int a) {
     case miopenConvolutionAlgoFFT: return "FFT";
     case miopenConvolutionAlgoWinograd: return "Winograd";
     case miopenConvolutionAlgoImplicitGEMM: return "ImplicitGEMM";
+    case -1: return "given";
     default: return "other";
   }
 }
 
 void compile(const FDNN_Plan& p, miopenHandle_t h, uint64_t id) {
-  check_miopen(direction(p).CompileSolution(h, p.operand[p.in_a].conv.get(),
-                                            p.operand[p.in_b].conv.get(), p.conv,
-                                            p.operand[p.out].conv.get(), id),
-               "CompileSolution");
+  check_miopen(direction(p).CompileSolution(h, p.operand[p.in_a].full.get(),
+                                            p.operand[p.in_b].full.get(), p.conv,
+                                            p.operand[p.out].full.get(), id),
+               step_name(p, "CompileSolution").c_str());
 }
 
-// The convolution itself: one immediate-mode call per group slice (one in all otherwise).
+// The convolution itself: one immediate-mode call.
 void run_convolution(const FDNN_Plan& p, miopenHandle_t h, char* const base[3],
                      const Solution& s, void* workspace) {
   const Operand &A = p.operand[p.in_a], &B = p.operand[p.in_b], &C = p.operand[p.out];
-  for (int64_t g = 0; g < p.group_calls; ++g) {
-    auto at = [&](const Operand& o, int which) {
-      return base[which] + static_cast<size_t>(g * o.group_step) * p.element_size;
-    };
-    check_miopen(direction(p).Immediate(h, A.conv.get(), at(A, p.in_a), B.conv.get(),
-                                        at(B, p.in_b), p.conv, C.conv.get(), at(C, p.out),
-                                        s.workspace ? workspace : nullptr, s.workspace, s.id),
-                 "Immediate");
-  }
+  check_miopen(direction(p).Immediate(h, A.full.get(), base[p.in_a], B.full.get(), base[p.in_b],
+                                      p.conv, C.full.get(), base[p.out],
+                                      s.workspace ? workspace : nullptr, s.workspace, s.id),
+               step_name(p, "Immediate").c_str());
 }
 
 // Device buffers for benchmarking: never the caller's tensors, which may hold data a
@@ -528,26 +649,45 @@ Solution benchmark(const FDNN_Plan& p, miopenHandle_t h, const std::vector<Solut
   return best;
 }
 
-Solution choose_solution(FDNN_Plan* p, const FDNN_Conv_Plan_Create_Args& a, size_t budget) {
+// The workspace a solution makes the plan need: MIOpen's, then (256-byte aligned) the shim's.
+size_t total_workspace(size_t miopen_bytes, size_t cursor) {
+  return cursor > 0 ? round_up(miopen_bytes) + cursor : miopen_bytes;
+}
+
+// FDNN_ALGO_GIVEN: any id MIOpen finds applicable, listed now or not. GetSolution lists a
+// find-db record's solutions once one exists, else the fallback's, so the list can change
+// between two plans of one problem (MIOpen's convolutionocl.cpp GetSolutions); the header
+// keeps GetSolutionWorkspaceSize "for users who may have serialized the solution id".
+Solution given_solution(FDNN_Plan* p, miopenHandle_t h, const FDNN_Conv_Plan_Create_Args& a,
+                        size_t cursor) {
+  const auto id = static_cast<uint64_t>(a.algo_id);
+  Solution s{id, 0, -1};
+  const Direction& d = direction(*p);
+  if (a.algo_id < 0 ||
+      d.GetSolutionWorkspaceSize(h, p->operand[p->in_a].full.get(), p->operand[p->in_b].full.get(),
+                                 p->conv, p->operand[p->out].full.get(), id,
+                                 &s.workspace) != miopenStatusSuccess)
+    fail(FDNN_ERROR_INVALID_ARGUMENT, "miopen: algo_id %lld is not a MIOpen solution for this "
+         "problem (%s refuses it)", static_cast<long long>(a.algo_id),
+         step_name(*p, "GetSolutionWorkspaceSize").c_str());
+  for (const Solution& listed : solutions(*p, h))
+    if (listed.id == id) s.algorithm = listed.algorithm;  // for its name, when it is listed
+  if (total_workspace(s.workspace, cursor) > a.workspace_limit)
+    fail(FDNN_ERROR_UNSUPPORTED, "miopen: solution %lld needs %zu bytes of workspace, over the "
+         "limit", static_cast<long long>(a.algo_id), s.workspace);
+  compile(*p, h, id);
+  return s;
+}
+
+Solution choose_solution(FDNN_Plan* p, const FDNN_Conv_Plan_Create_Args& a, size_t cursor) {
   miopenHandle_t h = thread_handle(p->device, a.stream);
+  if (a.algo_policy == FDNN_ALGO_GIVEN) return given_solution(p, h, a, cursor);
   std::vector<Solution> all = solutions(*p, h), fit;
   for (const Solution& s : all)
-    if (s.workspace <= budget) fit.push_back(s);
-  if (a.algo_policy == FDNN_ALGO_GIVEN) {
-    for (const Solution& s : all)
-      if (static_cast<int64_t>(s.id) == a.algo_id) {
-        if (s.workspace > budget)
-          fail(FDNN_ERROR_UNSUPPORTED, "miopen: solution %lld needs %zu bytes of workspace, "
-               "over the limit", static_cast<long long>(a.algo_id), s.workspace);
-        compile(*p, h, s.id);
-        return s;
-      }
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "miopen: algo_id %lld is not a MIOpen solution for "
-         "this problem (%zu solutions apply)", static_cast<long long>(a.algo_id), all.size());
-  }
+    if (total_workspace(s.workspace, cursor) <= a.workspace_limit) fit.push_back(s);
   if (fit.empty())
     fail(FDNN_ERROR_UNSUPPORTED, "miopen: no MIOpen solution fits the workspace limit of %zu "
-         "bytes (%zu solutions apply)", budget, all.size());
+         "bytes with the shim's %zu (%zu solutions apply)", a.workspace_limit, cursor, all.size());
   Solution chosen = fit.front();  // MIOpen sorts them fastest first (its heuristic)
   if (a.algo_policy == FDNN_ALGO_BENCHMARK && fit.size() > 1) {
     const auto* allocator = reinterpret_cast<const FDNN_Device_Allocator*>(
@@ -583,10 +723,8 @@ void plan_activation(FDNN_Plan* p) {
     case FDNN_ACTIVATION_SIGMOID: add(miopenActivationLOGISTIC, 0, 0, 0); break;
     case FDNN_ACTIVATION_TANH: add(miopenActivationTANH, 1, 1, 0); break;
     case FDNN_ACTIVATION_SILU: add(miopenActivationLOGISTIC, 0, 0, 0); break;
-    case FDNN_ACTIVATION_GELU_TANH:
-      add(miopenActivationPOWER, 0, 1, 3);                          // v^3
-      add(miopenActivationTANH, 0.7978845608028654 /* sqrt(2/pi) */, 1, 0);       // tanh(k u)
-      add(miopenActivationPOWER, 1, 1, 1);                          // 1 + t
+    case FDNN_ACTIVATION_GELU_TANH:  // v^3 by OpTensor Mul: POWER is 0 for bases <= 1e-6
+      add(miopenActivationTANH, 0.7978845608028654 /* sqrt(2/pi) */, 1, 0);  // tanh(k u)
       break;
     default: break;  // NONE; CLIP uses OpTensor Max/Min with two constant cells
   }
@@ -596,43 +734,69 @@ bool needs_activation_scratch(int32_t act) {
   return act == FDNN_ACTIVATION_SILU || act == FDNN_ACTIVATION_GELU_TANH;
 }
 
-void lay_out_extras(FDNN_Plan* p, const FDNN_Conv_Plan_Create_Args& a, size_t* cursor) {
-  const Operand& out = p->operand[p->out];
-  if (needs_activation_scratch(p->activation)) {
-    p->act_offset = *cursor;
-    *cursor += round_up(span_bytes(out.full.dims(), p->element_size));
-  }
-  if (p->activation == FDNN_ACTIVATION_CLIP) {
-    p->cells_offset = *cursor;
-    *cursor += kAlign;
-    Dims one{std::vector<int64_t>(out.full.dims().shape.size(), 1),
-             std::vector<int64_t>(out.full.dims().shape.size(), 1)};
-    p->cell = Tensor(one, p->type);
-  }
-  if (!p->has_bias) return;
-  const int64_t K = a.bias->shape[0], s = a.bias->strides[0];
-  const size_t nd = out.full.dims().shape.size();
-  Dims b{std::vector<int64_t>(nd, 1), std::vector<int64_t>(nd, 1)};
-  b.shape[1] = K;
-  b.strides[1] = s;
-  b.strides[0] = K * s;
-  if (K > INT_MAX || K * s > INT_MAX)
+size_t take(size_t* cursor, size_t bytes) {
+  const size_t at = *cursor;
+  *cursor += round_up(bytes);
+  return at;
+}
+
+// The forward epilogue's views of the packed result (EpilogueViews).
+void plan_views(FDNN_Plan* p) {
+  const Dims& r = p->operand[Y].full.dims();
+  const int64_t N = r.shape[0], K = r.shape[1], S = static_cast<int64_t>(r.elements()) / (N * K);
+  const bool nchw = p->layout == Layout::kNCHW;
+  p->views.out = nchw ? Tensor(op_dims({N, K, S}, {K * S, S, 1}), p->type)
+                      : Tensor(op_dims({N * S, K}, {K, 1}), p->type);
+  p->views.bias = nchw ? Tensor(op_dims({1, K, 1}, {K, 1, 1}), p->type)
+                       : Tensor(op_dims({1, K}, {K, 1}), p->type);
+  p->views.cell = Tensor(op_dims({1}, {1}), p->type);
+}
+
+// Forward: a bias of stride != 1 (a view, or one element repeated) is copied packed first.
+void plan_bias(FDNN_Plan* p, const FDNN_DLTensor* bias, size_t* cursor) {
+  const int64_t K = bias->shape[0], s = K == 1 ? 1 : bias->strides[0];
+  if (K > INT_MAX || K * std::max<int64_t>(s, 1) > INT_MAX)
     fail(FDNN_ERROR_UNSUPPORTED, "miopen: bias of %lld elements is beyond int32",
          static_cast<long long>(K));
-  p->bias = Tensor(b, p->type);
-  if (p->op != FDNN_CONV_BACKWARD_WEIGHT) return;
-  const Operand& dy = p->operand[Y];
-  if (!is_packed(dy.full.dims(), Layout::kNCHW)) {
-    p->dy_nchw = Tensor(packed(dy.full.dims().shape, Layout::kNCHW), p->type);
-    p->dy_nchw_offset = *cursor;
-    *cursor += round_up(dy.full.dims().elements() * p->element_size);
+  if (s == 1) return;
+  p->bias_in = TensorCopy({K}, {s}, {1}, p->type, p->element_size);
+  p->bias_offset = take(cursor, static_cast<size_t>(K) * p->element_size);
+}
+
+// Backward-weight with a bias: dy as MIOpenConvBwdB reads it (each channel's map contiguous:
+// NCHW), and db as it writes it (K contiguous elements, whatever the caller's strides, and
+// only alpha 1, beta 0).
+void plan_bias_gradient(FDNN_Plan* p, const FDNN_DLTensor* db, size_t* cursor) {
+  const Dims& dy = p->operand[Y].full.dims();
+  const int64_t K = db->shape[0], s = K == 1 ? 1 : db->strides[0];
+  Dims contiguous{std::vector<int64_t>(dy.shape.size(), 1), std::vector<int64_t>(dy.shape.size(), 1)};
+  contiguous.shape[1] = K;
+  contiguous.strides[0] = K;
+  p->db = Tensor(contiguous, p->type);
+  if (!is_packed(dy, Layout::kNCHW)) {
+    Dims nchw = packed(dy.shape, Layout::kNCHW);
+    p->dy_nchw = Tensor(nchw, p->type);
+    p->dy_copy = TensorCopy(dy.shape, dy.strides, nchw.strides, p->type, p->element_size);
+    p->dy_nchw_offset = take(cursor, dy.elements() * p->element_size);
   }
-  if (p->alpha != 1.f || p->beta != 0.f) {  // MIOpen's bias gradient takes (1, 0) only
-    p->db_offset = *cursor;
-    *cursor += round_up(static_cast<size_t>(K) * p->element_size);
-    Dims db = packed(b.shape, Layout::kNCHW);
-    p->db_scratch = Tensor(db, p->type);
+  if (p->alpha != 1.f || p->beta != 0.f || s != 1) {
+    p->db_out = TensorCopy({K}, {1}, {s}, p->type, p->element_size);
+    p->db_offset = take(cursor, static_cast<size_t>(K) * p->element_size);
   }
+}
+
+void lay_out_extras(FDNN_Plan* p, const FDNN_Conv_Plan_Create_Args& a, size_t* cursor) {
+  const Operand& out = p->operand[p->out];
+  if (needs_activation_scratch(p->activation))
+    p->act_offset = take(cursor, span_bytes(out.full.dims(), p->element_size));
+  if (p->op == FDNN_CONV_FORWARD) {
+    plan_views(p);
+    if (p->activation == FDNN_ACTIVATION_CLIP)  // its two bounds, 64 bytes apart
+      p->cells_offset = take(cursor, 128);
+  }
+  if (!p->has_bias) return;
+  if (p->op == FDNN_CONV_FORWARD) plan_bias(p, a.bias, cursor);
+  if (p->op == FDNN_CONV_BACKWARD_WEIGHT) plan_bias_gradient(p, a.bias, cursor);
 }
 
 fdnn_shim::Capabilities capabilities(int32_t op, FDNN_DLDataType dtype);
@@ -670,18 +834,18 @@ std::unique_ptr<FDNN_Plan> build_plan(const FDNN_Conv_Plan_Create_Args& a) {
   if (a.workspace_limit < cursor)
     fail(FDNN_ERROR_UNSUPPORTED, "miopen: needs %zu bytes of workspace for its copies "
          "(padding, layout, beta), over the limit of %zu", cursor, a.workspace_limit);
-  const size_t budget = a.workspace_limit == SIZE_MAX ? SIZE_MAX : a.workspace_limit - cursor;
-  p->solution = choose_solution(p.get(), a, budget);
+  p->solution = choose_solution(p.get(), a, cursor);
   // Shift the shim's parts behind MIOpen's workspace.
   const size_t base = round_up(p->solution.workspace);
   for (Operand& o : p->operand)
     if (o.staged) o.offset += base;
-  p->act_offset += base, p->cells_offset += base, p->dy_nchw_offset += base, p->db_offset += base;
-  p->workspace_size = cursor > 0 ? base + cursor : p->solution.workspace;
+  for (size_t* at : {&p->act_offset, &p->cells_offset, &p->dy_nchw_offset, &p->db_offset,
+                     &p->bias_offset})
+    *at += base;
+  p->workspace_size = total_workspace(p->solution.workspace, cursor);
   plan_activation(p.get());
   p->algo_name = "miopen solution " + std::to_string(p->solution.id) + " (" +
-                 algorithm_name(p->solution.algorithm) + ")" +
-                 (p->group_calls > 1 ? ", one call per group" : "");
+                 algorithm_name(p->solution.algorithm) + ")";
   return p;
 }
 
@@ -713,14 +877,6 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
 
 // ---- execute -------------------------------------------------------------------------------
 
-// dst = alpha * src + beta * dst through miopenOpTensor: max(a, a) is a, exactly.
-void copy(miopenHandle_t h, const Tensor& src_desc, const void* src, const Tensor& dst_desc,
-          void* dst, float alpha, float beta) {
-  check_miopen(mi().OpTensor(h, miopenTensorOpMax, &alpha, src_desc.get(), src, &alpha,
-                             src_desc.get(), src, &beta, dst_desc.get(), dst),
-               "miopenOpTensor (copy)");
-}
-
 void stage_inputs(const FDNN_Plan& p, miopenHandle_t h, void* const user[3], char* ws,
                   char* base[3]) {
   for (int which : {X, W, Y}) {
@@ -729,83 +885,92 @@ void stage_inputs(const FDNN_Plan& p, miopenHandle_t h, void* const user[3], cha
     if (!o.staged) continue;
     base[which] = ws + o.offset;
     if (which == p.out) continue;  // written by the convolution
-    const float zero = 0.f;
-    if (o.padded) check_miopen(mi().SetTensor(h, o.full.get(), base[which], &zero), "miopenSetTensor");
-    copy(h, o.user, user[which], o.data_view(), o.data_at(base[which]), 1.f, 0.f);
+    if (o.padded)
+      check_miopen(mi().SetTensor(h, o.full.get(), base[which], Scalar(p.type, 0).get()),
+                   "miopenSetTensor");
+    o.copy.run(h, user[which], o.data_at(base[which]), 1.f, 0.f);
   }
 }
 
-void activate(const FDNN_Plan& p, miopenHandle_t h, const Tensor& r, void* out, size_t i,
-              const Tensor& src, const void* in) {
-  const float one = 1.f, zero = 0.f;
-  check_miopen(mi().ActivationForward(h, p.activations[i].desc, &one, src.get(), in, &zero,
+void activate(const FDNN_Plan& p, miopenHandle_t h, size_t i, const void* in, void* out) {
+  const float one = 1.f, zero = 0.f;  // MIOpen's activations take alpha 1, beta 0 only
+  const Tensor& r = p.views.out;
+  check_miopen(mi().ActivationForward(h, p.activations[i].desc, &one, r.get(), in, &zero,
                                       r.get(), out),
                "miopenActivationForward");
 }
 
-void op_tensor(miopenHandle_t h, miopenTensorOp_t op, float a1, const Tensor& A, const void* a,
-               float a2, const Tensor& B, const void* b, const Tensor& C, void* c) {
+// c = op(a1 * a, a2 * b) on the epilogue's views (B the result's view unless given).
+void op_tensor(miopenHandle_t h, miopenTensorOp_t op, const Tensor& view, float a1, const void* a,
+               float a2, const void* b, void* c, const Tensor* b_view = nullptr) {
   const float zero = 0.f;
-  check_miopen(mi().OpTensor(h, op, &a1, A.get(), a, &a2, B.get(), b, &zero, C.get(), c),
+  check_miopen(mi().OpTensor(h, op, &a1, view.get(), a, &a2, (b_view ? *b_view : view).get(), b,
+                             &zero, view.get(), c),
                "miopenOpTensor");
 }
 
-// act(r) in place, MIOpen's activation modes where one matches, compositions otherwise.
-void apply_activation(const FDNN_Plan& p, miopenHandle_t h, const Tensor& r, void* v, char* ws) {
+// act(v) in place, MIOpen's activation modes where one matches, compositions otherwise.
+void apply_activation(const FDNN_Plan& p, miopenHandle_t h, void* v, char* ws) {
   void* t = ws + p.act_offset;
+  const Tensor& r = p.views.out;
   switch (p.activation) {
     case FDNN_ACTIVATION_NONE: return;
-    case FDNN_ACTIVATION_CLIP: {
+    case FDNN_ACTIVATION_CLIP: {  // max then min against cells written in the tensor's type
       void* lo = ws + p.cells_offset;
       void* hi = ws + p.cells_offset + 64;
-      check_miopen(mi().SetTensor(h, p.cell.get(), lo, &p.activation_alpha), "miopenSetTensor");
-      check_miopen(mi().SetTensor(h, p.cell.get(), hi, &p.activation_beta), "miopenSetTensor");
-      op_tensor(h, miopenTensorOpMax, 1.f, r, v, 1.f, p.cell, lo, r, v);
-      op_tensor(h, miopenTensorOpMin, 1.f, r, v, 1.f, p.cell, hi, r, v);
+      const Tensor& cell = p.views.cell;
+      check_miopen(mi().SetTensor(h, cell.get(), lo, Scalar(p.type, p.activation_alpha).get()),
+                   "miopenSetTensor");
+      check_miopen(mi().SetTensor(h, cell.get(), hi, Scalar(p.type, p.activation_beta).get()),
+                   "miopenSetTensor");
+      op_tensor(h, miopenTensorOpMax, r, 1.f, v, 1.f, lo, v, &cell);
+      op_tensor(h, miopenTensorOpMin, r, 1.f, v, 1.f, hi, v, &cell);
       return;
     }
     case FDNN_ACTIVATION_SILU:  // v * sigmoid(v)
-      activate(p, h, r, t, 0, r, v);
-      op_tensor(h, miopenTensorOpMul, 1.f, r, v, 1.f, r, t, r, v);
+      activate(p, h, 0, v, t);
+      op_tensor(h, miopenTensorOpMul, r, 1.f, v, 1.f, t, v);
       return;
-    case FDNN_ACTIVATION_GELU_TANH:  // 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
-      activate(p, h, r, t, 0, r, v);
-      op_tensor(h, miopenTensorOpAdd, 1.f, r, v, 0.044715f, r, t, r, t);
-      activate(p, h, r, t, 1, r, t);
-      activate(p, h, r, t, 2, r, t);
-      op_tensor(h, miopenTensorOpMul, 0.5f, r, v, 1.f, r, t, r, v);
+    case FDNN_ACTIVATION_GELU_TANH:  // 0.5 v + 0.5 v tanh(sqrt(2/pi) (v + 0.044715 v^3))
+      op_tensor(h, miopenTensorOpMul, r, 1.f, v, 1.f, v, t);          // v^2
+      op_tensor(h, miopenTensorOpMul, r, 1.f, t, 1.f, v, t);          // v^3
+      op_tensor(h, miopenTensorOpAdd, r, 1.f, v, 0.044715f, t, t);    // u
+      activate(p, h, 0, t, t);                                         // tanh(k u)
+      op_tensor(h, miopenTensorOpMul, r, 0.5f, v, 1.f, t, t);         // 0.5 v tanh
+      op_tensor(h, miopenTensorOpAdd, r, 0.5f, v, 1.f, t, v);         // + 0.5 v
       return;
-    default: activate(p, h, r, v, 0, r, v); return;
+    default: activate(p, h, 0, v, v); return;
   }
 }
 
 // The header's alpha * act(conv + bias) on the conv result in place (forward; beta comes
 // with the copy out); alpha alone otherwise. alpha scales the activated value, so it comes
-// last.
-void epilogue(const FDNN_Plan& p, miopenHandle_t h, const Tensor& r, void* v, const void* bias,
-              char* ws) {
-  if (p.op == FDNN_CONV_FORWARD && p.has_bias)
-    op_tensor(h, miopenTensorOpAdd, 1.f, r, v, 1.f, p.bias, bias, r, v);
-  if (p.op == FDNN_CONV_FORWARD) apply_activation(p, h, r, v, ws);
-  if (p.alpha != 1.f) check_miopen(mi().ScaleTensor(h, r.get(), v, &p.alpha), "miopenScaleTensor");
+// last; ScaleTensor reads it in the tensor's type, and it is strided.
+void epilogue(const FDNN_Plan& p, miopenHandle_t h, void* v, const void* bias, char* ws) {
+  if (p.op == FDNN_CONV_FORWARD && p.has_bias) {
+    if (p.bias_in.active()) {
+      p.bias_in.run(h, bias, ws + p.bias_offset, 1.f, 0.f);
+      bias = ws + p.bias_offset;
+    }
+    op_tensor(h, miopenTensorOpAdd, p.views.out, 1.f, v, 1.f, bias, v, &p.views.bias);
+  }
+  if (p.op == FDNN_CONV_FORWARD) apply_activation(p, h, v, ws);
+  if (p.alpha != 1.f)
+    check_miopen(mi().ScaleTensor(h, p.operand[p.out].full.get(), v, Scalar(p.type, p.alpha).get()),
+                 "miopenScaleTensor");
 }
 
-void bias_gradient(const FDNN_Plan& p, miopenHandle_t h, const Tensor& dy, const void* dy_data,
-                   void* db, char* ws) {
-  const Tensor* src = &dy;
-  const void* src_data = dy_data;
-  if (p.dy_nchw.get() != nullptr) {
-    copy(h, dy, dy_data, p.dy_nchw, ws + p.dy_nchw_offset, 1.f, 0.f);
-    src = &p.dy_nchw, src_data = ws + p.dy_nchw_offset;
+void bias_gradient(const FDNN_Plan& p, miopenHandle_t h, const void* dy_data, void* db, char* ws) {
+  const Tensor* src = &p.operand[Y].full;
+  if (p.dy_copy.active()) {
+    p.dy_copy.run(h, dy_data, ws + p.dy_nchw_offset, 1.f, 0.f);
+    src = &p.dy_nchw, dy_data = ws + p.dy_nchw_offset;
   }
   const float one = 1.f, zero = 0.f;
-  const bool plain = p.alpha == 1.f && p.beta == 0.f;
-  void* out = plain ? db : ws + p.db_offset;
-  const Tensor& out_desc = plain ? p.bias : p.db_scratch;
-  check_miopen(mi().ConvolutionBackwardBias(h, &one, src->get(), src_data, &zero,
-                                            out_desc.get(), out),
+  void* out = p.db_out.active() ? ws + p.db_offset : db;
+  check_miopen(mi().ConvolutionBackwardBias(h, &one, src->get(), dy_data, &zero, p.db.get(), out),
                "miopenConvolutionBackwardBias");
-  if (!plain) copy(h, p.db_scratch, out, p.bias, db, p.alpha, p.beta);
+  if (p.db_out.active()) p.db_out.run(h, out, db, p.alpha, p.beta);
 }
 
 void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
@@ -822,11 +987,10 @@ void execute_plan(FDNN_Conv_Plan_Execute_Args* args) {
     stage_inputs(p, h, user, ws, base);
     run_convolution(p, h, base, p.solution, ws);
     const Operand& out = p.operand[p.out];
-    epilogue(p, h, out.full, base[p.out], args->bias, ws);
-    if (out.staged)
-      copy(h, out.data_view(), out.data_at(base[p.out]), out.user, user[p.out], 1.f, p.beta);
+    epilogue(p, h, base[p.out], args->bias, ws);
+    if (out.staged) out.copy.run(h, out.data_at(base[p.out]), user[p.out], 1.f, p.beta);
     if (p.op == FDNN_CONV_BACKWARD_WEIGHT && p.has_bias)
-      bias_gradient(p, h, p.operand[Y].full, base[Y], args->bias, ws);
+      bias_gradient(p, h, base[Y], args->bias, ws);
   });
 }
 
@@ -875,28 +1039,37 @@ FDNN_Error* Device_Describe(FDNN_Device_Describe_Args* args) {
   });
 }
 
-// MIOpen convolves float32, float16 and bfloat16 (no float64), 2-D and 3-D (1-D as 2-D here).
-// Every activation but the erf GELU is MIOpen's own or composed of its tensor ops.
+// MIOpen convolves float32 and float16 here, 2-D and 3-D (1-D as 2-D). Every activation but
+// the erf GELU is MIOpen's own or composed of its tensor ops. bfloat16 is not served: MIOpen
+// convolves it, but has none of the tensor ops the ABI's basics need around a convolution
+// (strided and channels-last staging, bias): miopenOpTensor's kernels define no bfloat16,
+// miopenScaleTensor refuses it, miopenActivationForward returns NotImplemented
+// (docs/reference/datatypes.rst: bfloat16 is for convolutions, tensor set and tensor copy).
 fdnn_shim::Capabilities capabilities(int32_t op, FDNN_DLDataType t) {
   const bool f16 = t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 16;
   const bool f32 = t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 32;
   const bool f64 = t.lanes == 1 && t.code == FDNN_DTYPE_FLOAT && t.bits == 64;
   const bool bf16 = t.lanes == 1 && t.code == FDNN_DTYPE_BFLOAT && t.bits == 16;
   if (f64) return fdnn_shim::not_computed("MIOpen has no float64 convolution");
-  if (!(f16 || f32 || bf16))
-    return fdnn_shim::not_computed("MIOpen convolutions take float32, float16 and bfloat16");
+  if (bf16)
+    return fdnn_shim::not_computed(
+        "MIOpen has no bfloat16 tensor ops (OpTensor, ScaleTensor, activations) for the bias, "
+        "epilogue and strided or channels-last copies around its bfloat16 convolutions");
+  if (!(f16 || f32))
+    return fdnn_shim::not_computed("MIOpen convolutions take float32 and float16 here");
   fdnn_shim::Capabilities c;
   c.support = FDNN_SUPPORT_NATIVE;
-  c.detail = bf16 && op == FDNN_CONV_BACKWARD_WEIGHT
-                 ? "MIOpen kernels; no bias gradient: MIOpen's bias kernels have no bfloat16"
-                 : "MIOpen kernels; gelu (erf) is not fused: MIOpen has no erf activation";
+  c.detail = "MIOpen kernels; gelu (erf) is not fused: MIOpen has no erf activation";
   c.spatial_ranks = fdnn_shim::kRanks1To3;
   c.activations = fdnn_shim::activations_of_op(
       op, fdnn_shim::kEveryActivation & ~(1u << FDNN_ACTIVATION_GELU_ERF));
   c.features = FDNN_FEATURE_GROUPS | FDNN_FEATURE_DILATION | FDNN_FEATURE_ALPHA_BETA |
                FDNN_FEATURE_BENCHMARK;
-  if (op == FDNN_CONV_BACKWARD_WEIGHT && !bf16) c.features |= FDNN_FEATURE_BIAS_GRADIENT;
-  if (mi().SetConvolutionAttribute != nullptr) c.features |= FDNN_FEATURE_DETERMINISTIC;
+  if (op == FDNN_CONV_BACKWARD_WEIGHT) c.features |= FDNN_FEATURE_BIAS_GRADIENT;
+  if (has_deterministic()) c.features |= FDNN_FEATURE_DETERMINISTIC;
+  // float16 backward ops may run MI200's bfloat16 alternate implementation when allowed.
+  if (f16 && op != FDNN_CONV_FORWARD && mi().SetConvolutionAttribute)
+    c.features |= FDNN_FEATURE_REDUCED_PRECISION;
   return c;
 }
 

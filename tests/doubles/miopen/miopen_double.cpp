@@ -1,22 +1,50 @@
 // Test double of MIOpen (libMIOpen.so.1) for the MIOpen shim: the functions the shim declares
 // (csrc/shims/miopen/miopen_api.hpp), on host memory, with a naive reference convolution in
-// double accumulation. It is strict about MIOpen's documented contracts, so that the shim's
-// plumbing is checked against them:
-//  - immediate mode: a solution id must have been returned by GetSolution for the same
-//    problem before CompileSolution or Immediate; the workspace must be at least the size the
-//    solution reported (and it is scribbled on, so a shim that keeps data there shows);
-//  - layouts are read from strides: x, w and y must be in one layout (NCHW or NHWC order);
-//  - symmetric padding only (one pad per spatial dim, as MIOpen's descriptor has);
-//  - no grouped convolution with dilation; no float64 convolution;
-//  - no bias gradient for bfloat16 or NHWC, and alpha/beta other than (1, 0) refused there;
-//  - outputs of beta = 0 calls are not read (NaN-poisoned outputs stay harmless).
+// double accumulation. It reproduces what MIOpen's own source does, including where that is
+// not what a caller would guess, so that a shim passing here keeps to MIOpen as it is. Each
+// behaviour names its source; "MIOpen@2d1fd997" is ROCm/MIOpen at commit 2d1fd997a6fc
+// (2024-10-24, MIOpen 3.3.0), whose files are named from the repository root:
+//  - tensor descriptors: strides must be > 0 (src/tensor.cpp "Strides must be > 0");
+//  - miopenOpTensor follows MIOpen's kernel choice (src/ocl/tensorocl.cpp OpTensor4d,
+//    OpTensorOther; src/kernels/MIOpenTensorKernels.cl): packed operands with a full-size B
+//    are processed flat, strides ignored (Op4dTensorLite); a (1, K, 1, 1) or one-element B takes
+//    the bias kernel, which indexes C (and A) as NCHW (OpTensorFwdBias, ROCm/MIOpen#2860); the
+//    generic kernels take no stride for the last dim and assume 1 (Op4dTensorGeneric,
+//    Op5dTensorGeneric); alpha/beta are read as float; no bfloat16 (the kernels define no
+//    bfloat16 type; docs/reference/datatypes.rst: bfloat16 is for convolutions, tensor set
+//    and copy); min/max are `a < b ? a : b` / `a > b ? a : b` (NaN in A is not propagated);
+//  - miopenSetTensor / miopenScaleTensor read alpha in the tensor's own type (tensorocl.cpp
+//    SetTensor, ScaleTensor: `*as_float(alpha)`, src/include/miopen/visit_float.hpp), are fully
+//    strided, and ScaleTensor refuses bfloat16 ("ScaleTensor: unsupported data type");
+//  - miopenActivationForward: bfloat16 NotImplemented (src/activ_api.cpp), only alpha = 1,
+//    beta = 0 (src/ocl/activ_ocl.cpp), packed tensors processed flat (src/solver/activ/fwd_0.cpp),
+//    RELU is x * (x > 0) and POWER is 0 where alpha + beta x <= EPSILON (1e-6 float32, 1e-4
+//    float16; src/kernels/activation_functions.h, src/kernels/MIOpenNeuron.cl);
+//  - immediate mode: GetSolution lists the find-db record's solutions when there is one, else
+//    the fallback's (src/ocl/convolutionocl.cpp GetSolutions/GetSolutionsFallback); any id
+//    applicable to the problem is accepted by GetSolutionWorkspaceSize, CompileSolution and
+//    Immediate, listed or not (convolutionocl.cpp: `sol.IsApplicable(ctx, problem)` else BadParm
+//    "is not applicable"); fdnn_double_set_find_record() makes a record appear;
+//  - grouped + dilated convolutions are served (src/problem.cpp ValidateGroupCount has no
+//    dilation test; the naive solvers take both);
+//  - MIOPEN_CONVOLUTION_ATTRIB_DETERMINISTIC exists from MIOpen 2.18 on (commit 95716c2ed,
+//    ROCm/MIOpen#1551); before, setting it is BadParm. FLUX_DNN_MIOPEN_DOUBLE_VERSION (e.g.
+//    "2.17.0") makes the double report an older MIOpen;
+//  - the bias gradient (MIOpenConvBwdB, convolutionocl.cpp ConvolutionBackwardBias) reads dy
+//    with its N and C strides and each channel's map contiguous (NCHW), writes db contiguously
+//    whatever db's strides, takes only alpha = 1, beta = 0, and no bfloat16
+//    (src/convolution_api.cpp);
+//  - the workspace must be at least the solution's size (and is scribbled on, so a shim that
+//    keeps data there shows); outputs of beta = 0 calls are not read.
+// Beliefs kept from before, not from a source: x, w, y in one layout; symmetric padding (one
+// pad per spatial dim, as the descriptor has); no float64 convolution (datatypes.rst).
 // It checks plumbing only; it says nothing about AMD GPUs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
-#include <set>
+#include <atomic>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -39,6 +67,7 @@ struct miopenConvolutionDescriptor {
   std::vector<int> pads, strides, dilations;
   int groups = 1;
   bool deterministic = false;
+  int fp16_alt_impl = -1;  // -1: MIOpen's default
 };
 struct miopenActivationDescriptor {
   miopenActivationMode_t mode = miopenActivationPASTHRU;
@@ -49,8 +78,8 @@ namespace {
 
 using Desc = miopenTensorDescriptor;
 
-std::mutex registry_mutex;
-std::set<std::string> returned_solutions;  // "problem|id" pairs GetSolution handed out
+// Whether a find-db record exists (for every problem): GetSolution then lists its solutions.
+std::atomic<bool> find_record{false};
 
 float load(const Desc& d, const void* base, int64_t i) {
   switch (d.type) {
@@ -124,21 +153,13 @@ int layouts(const Desc& d) {
          (ordered(d, order_of(d.dims.size(), true)) ? 2 : 0);
 }
 
-std::string key_of(const Desc& d) {
-  std::string k = std::to_string(d.type) + ":";
-  for (size_t i = 0; i < d.dims.size(); ++i)
-    k += std::to_string(d.dims[i]) + "/" + std::to_string(d.strides[i]) + ",";
-  return k;
-}
-
 // One convolution problem in forward terms: x, w, y.
 struct Problem {
   const Desc *x, *w, *y;
   const miopenConvolutionDescriptor* conv;
-  std::string key;
 };
 
-miopenStatus_t check_problem(int direction, const Desc* x, const Desc* w, const Desc* y,
+miopenStatus_t check_problem(const Desc* x, const Desc* w, const Desc* y,
                              const miopenConvolutionDescriptor* c, Problem* p) {
   if (!x || !w || !y || !c || !x->set || !w->set || !y->set || !c->set) return miopenStatusBadParm;
   const size_t nd = static_cast<size_t>(c->spatial) + 2;
@@ -151,49 +172,51 @@ miopenStatus_t check_problem(int direction, const Desc* x, const Desc* w, const 
       x->dims[0] != y->dims[0])
     return miopenStatusBadParm;
   for (int s = 0; s < c->spatial; ++s) {
-    if (G > 1 && c->dilations[s] != 1) return miopenStatusNotImplemented;
     const int64_t in = x->dims[2 + s], k = w->dims[2 + s];
     const int64_t out = (in + 2 * c->pads[s] - c->dilations[s] * (k - 1) - 1) / c->strides[s] + 1;
     if (out != y->dims[2 + s]) return miopenStatusBadParm;
   }
   p->x = x, p->w = w, p->y = y, p->conv = c;
-  p->key = std::to_string(direction) + "|" + key_of(*x) + key_of(*w) + key_of(*y) + "|g" +
-           std::to_string(G);
-  for (int s = 0; s < c->spatial; ++s)
-    p->key += "|" + std::to_string(c->pads[s]) + "," + std::to_string(c->strides[s]) + "," +
-              std::to_string(c->dilations[s]);
   return miopenStatusSuccess;
 }
 
 // (a, b, c) of the direction back to (x, w, y).
 miopenStatus_t problem_of(int direction, const Desc* a, const Desc* b,
                           const miopenConvolutionDescriptor* c, const Desc* out, Problem* p) {
-  if (direction == 0) return check_problem(0, b, a, out, c, p);  // (w, x, conv, y)
-  if (direction == 1) return check_problem(1, out, b, a, c, p);  // (dy, w, conv, dx)
-  return check_problem(2, b, out, a, c, p);                      // (dy, x, conv, dw)
+  if (direction == 0) return check_problem(b, a, out, c, p);  // (w, x, conv, y)
+  if (direction == 1) return check_problem(out, b, a, c, p);  // (dy, w, conv, dx)
+  return check_problem(b, out, a, c, p);                     // (dy, x, conv, dw)
 }
 
-// Two solutions: a "GEMM" one that needs workspace (first: MIOpen's heuristic order), and a
-// "Direct" one without. Deterministic descriptors get only the direct one.
-std::vector<miopenConvSolution_t> solutions_of(const Problem& p) {
-  std::vector<miopenConvSolution_t> s;
-  const size_t gemm_ws = static_cast<size_t>(count(*p.y)) * 4 + 64;
-  if (!p.conv->deterministic) s.push_back({1.0f, gemm_ws, 2, miopenConvolutionAlgoGEMM});
-  s.push_back({2.0f, 0, 1, miopenConvolutionAlgoDirect});
+// The solutions the double knows: 1 "Direct" (no workspace), 2 "GEMM" (workspace; not
+// deterministic), 3 "ImplicitGEMM" (no workspace). All apply to every problem the double
+// takes, but a deterministic descriptor excludes GEMM.
+const miopenConvSolution_t kSolutions[] = {
+    {2.0f, 0, 1, miopenConvolutionAlgoDirect},
+    {1.0f, 0, 2, miopenConvolutionAlgoGEMM},  // workspace filled in per problem
+    {1.5f, 0, 3, miopenConvolutionAlgoImplicitGEMM},
+};
+
+bool applicable(const Problem& p, uint64_t id) {
+  if (id == 2) return !p.conv->deterministic;
+  return id == 1 || id == 3;
+}
+
+miopenConvSolution_t solution(const Problem& p, uint64_t id) {
+  miopenConvSolution_t s = kSolutions[id - 1];
+  if (id == 2) s.workspace_size = static_cast<size_t>(count(*p.y)) * 4 + 64;
   return s;
 }
 
-const miopenConvSolution_t* find_solution(const Problem& p, uint64_t id,
-                                          std::vector<miopenConvSolution_t>* all) {
-  *all = solutions_of(p);
-  for (const auto& s : *all)
-    if (s.solution_id == id) return &s;
-  return nullptr;
-}
-
-bool was_returned(const Problem& p, uint64_t id) {
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  return returned_solutions.count(p.key + "#" + std::to_string(id)) > 0;
+// What GetSolution lists, best first: the fallback's heuristic order (GEMM, Direct) without a
+// find-db record; the record's (ImplicitGEMM, Direct) once there is one
+// (convolutionocl.cpp GetSolutions: the record when not empty, else GetSolutionsFallback).
+std::vector<miopenConvSolution_t> solutions_of(const Problem& p) {
+  std::vector<miopenConvSolution_t> s;
+  const uint64_t order[2][2] = {{2, 1}, {3, 1}};
+  for (uint64_t id : order[find_record ? 1 : 0])
+    if (applicable(p, id)) s.push_back(solution(p, id));
+  return s;
 }
 
 // Logical index helpers over (N, C, D, H, W) with D = 1 for 2-D.
@@ -275,18 +298,35 @@ void convolve(int direction, const Problem& p, const void* x, const void* w, con
   (void)O;
 }
 
-bool same_dims(const Desc& a, const Desc& b) { return a.dims == b.dims && a.type == b.type; }
 
 }  // namespace
 
 // ---- handle, descriptors -------------------------------------------------------------------
 
+namespace {
+// The MIOpen version the double reports: 3.1.0, or FLUX_DNN_MIOPEN_DOUBLE_VERSION ("2.17.0").
+void version(size_t v[3]) {
+  v[0] = 3, v[1] = 1, v[2] = 0;
+  if (const char* e = std::getenv("FLUX_DNN_MIOPEN_DOUBLE_VERSION"); e && *e) {
+    char* end = nullptr;
+    v[0] = std::strtoul(e, &end, 10);
+    v[1] = *end == '.' ? std::strtoul(end + 1, &end, 10) : 0;
+    v[2] = *end == '.' ? std::strtoul(end + 1, &end, 10) : 0;
+  }
+}
+}  // namespace
+
 EXPORT miopenStatus_t miopenGetVersion(size_t* major, size_t* minor, size_t* patch) {
-  if (major) *major = 3;
-  if (minor) *minor = 1;
-  if (patch) *patch = 0;
+  size_t v[3];
+  version(v);
+  if (major) *major = v[0];
+  if (minor) *minor = v[1];
+  if (patch) *patch = v[2];
   return miopenStatusSuccess;
 }
+// Not MIOpen's: makes a find-db record appear (1) or go (0) for every problem, as a Find on
+// the same problem (PyTorch's benchmark mode, a new system db) would.
+EXPORT void fdnn_double_set_find_record(int present) { find_record = present != 0; }
 EXPORT const char* miopenGetErrorString(miopenStatus_t s) {
   switch (s) {
     case miopenStatusSuccess: return "miopenStatusSuccess";
@@ -324,7 +364,8 @@ EXPORT miopenStatus_t miopenSetTensorDescriptor(miopenTensorDescriptor_t d, miop
   for (int i = nb; i-- > 0;) {
     if (dims[i] <= 0) return miopenStatusBadParm;
     d->strides[static_cast<size_t>(i)] = strides ? strides[i] : static_cast<int>(step);
-    if (d->strides[static_cast<size_t>(i)] < 0) return miopenStatusBadParm;
+    // "Strides must be > 0" (MIOpen@2d1fd997 src/tensor.cpp CheckArgsAndInit)
+    if (d->strides[static_cast<size_t>(i)] <= 0) return miopenStatusBadParm;
     step *= dims[i];
   }
   d->set = true;
@@ -359,7 +400,17 @@ EXPORT miopenStatus_t miopenSetConvolutionGroupCount(miopenConvolutionDescriptor
 }
 EXPORT miopenStatus_t miopenSetConvolutionAttribute(miopenConvolutionDescriptor_t c,
                                                     miopenConvolutionAttrib_t attr, int value) {
-  if (!c || attr != MIOPEN_CONVOLUTION_ATTRIB_DETERMINISTIC) return miopenStatusBadParm;
+  if (!c) return miopenStatusBadParm;
+  size_t v[3];
+  version(v);
+  if (attr == MIOPEN_CONVOLUTION_ATTRIB_FP16_ALT_IMPL) {  // since 2.16 (commit 3ddeaaad5)
+    if (value < -1 || value > 1) return miopenStatusBadParm;
+    c->fp16_alt_impl = value;
+    return miopenStatusSuccess;
+  }
+  // DETERMINISTIC since 2.18 (commit 95716c2ed); before: "Attribute [1] does not exist"
+  if (attr != MIOPEN_CONVOLUTION_ATTRIB_DETERMINISTIC || v[0] * 100 + v[1] < 218)
+    return miopenStatusBadParm;
   c->deterministic = value != 0;
   return miopenStatusSuccess;
 }
@@ -387,11 +438,7 @@ miopenStatus_t get_solutions(int dir, const Desc* a, const Desc* b,
   if (miopenStatus_t s = problem_of(dir, a, b, c, out, &p)) return s;
   std::vector<miopenConvSolution_t> all = solutions_of(p);
   *n = std::min(max, all.size());
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  for (size_t i = 0; i < *n; ++i) {
-    sol[i] = all[i];
-    returned_solutions.insert(p.key + "#" + std::to_string(all[i].solution_id));
-  }
+  for (size_t i = 0; i < *n; ++i) sol[i] = all[i];
   return miopenStatusSuccess;
 }
 
@@ -400,10 +447,8 @@ miopenStatus_t workspace_size(int dir, const Desc* a, const Desc* b,
                               uint64_t id, size_t* bytes) {
   Problem p;
   if (miopenStatus_t s = problem_of(dir, a, b, c, out, &p)) return s;
-  std::vector<miopenConvSolution_t> all;
-  const miopenConvSolution_t* s = find_solution(p, id, &all);
-  if (!s) return miopenStatusBadParm;
-  *bytes = s->workspace_size;
+  if (!applicable(p, id)) return miopenStatusBadParm;  // "is not applicable to the problem"
+  *bytes = solution(p, id).workspace_size;
   return miopenStatusSuccess;
 }
 
@@ -411,7 +456,7 @@ miopenStatus_t compile(int dir, const Desc* a, const Desc* b,
                        const miopenConvolutionDescriptor* c, const Desc* out, uint64_t id) {
   Problem p;
   if (miopenStatus_t s = problem_of(dir, a, b, c, out, &p)) return s;
-  return was_returned(p, id) ? miopenStatusSuccess : miopenStatusBadParm;
+  return applicable(p, id) ? miopenStatusSuccess : miopenStatusBadParm;
 }
 
 miopenStatus_t immediate(int dir, miopenHandle_t h, const Desc* ad, const void* a,
@@ -421,14 +466,12 @@ miopenStatus_t immediate(int dir, miopenHandle_t h, const Desc* ad, const void* 
   if (!h) return miopenStatusBadParm;
   if (miopenStatus_t s = problem_of(dir, ad, bd, c, od, &p)) return s;
   if (!a || !b || !out) return miopenStatusBadParm;
-  // Call order: the id must come from GetSolution for this very problem.
-  if (!was_returned(p, id)) return miopenStatusBadParm;
-  std::vector<miopenConvSolution_t> all;
-  const miopenConvSolution_t* s = find_solution(p, id, &all);
-  if (!s) return miopenStatusBadParm;
-  if (s->workspace_size > 0) {
-    if (!ws || ws_size < s->workspace_size) return miopenStatusBadParm;
-    std::memset(ws, 0xff, s->workspace_size);  // scribble: the shim must not keep data there
+  // Any applicable id, listed now or not (convolutionocl.cpp ConvolutionForwardImmediate).
+  if (!applicable(p, id)) return miopenStatusBadParm;
+  const size_t needed = solution(p, id).workspace_size;
+  if (needed > 0) {
+    if (!ws || ws_size < needed) return miopenStatusBadParm;
+    std::memset(ws, 0xff, needed);  // scribble: the shim must not keep data there
   }
   if (dir == 0) convolve(0, p, b, a, nullptr, out);
   else if (dir == 1) convolve(1, p, nullptr, b, a, out);
@@ -475,25 +518,147 @@ FDNN_DIRECTION(miopenConvolutionBackwardWeights, 2)
 
 // ---- tensor ops ----------------------------------------------------------------------------
 
+namespace {
+
+int64_t element_space(const Desc& d) {
+  int64_t span = 1;
+  for (size_t k = 0; k < d.dims.size(); ++k) span += int64_t{d.dims[k] - 1} * d.strides[k];
+  return span;
+}
+
+// MIOpen's IsPacked: the element space equals the element count (any memory order).
+bool is_packed(const Desc& d) { return element_space(d) == count(d); }
+
+// C's logical index of element i (row-major), into idx[0..nd).
+void unravel(const Desc& c, int64_t i, int64_t* idx) {
+  for (size_t k = c.dims.size(); k-- > 0;) {
+    idx[k] = i % c.dims[k];
+    i /= c.dims[k];
+  }
+}
+
+// The offset of idx in d with every stride (broadcast dims of size 1 at index 0).
+int64_t strided(const Desc& d, const int64_t* idx) {
+  int64_t off = 0;
+  for (size_t k = 0; k < d.dims.size(); ++k)
+    if (d.dims[k] != 1) off += idx[k] * d.strides[k];
+  return off;
+}
+
+// As MIOpen's generic tensor kernels index: no stride is passed for the last dim, so it is
+// taken as 1 (Op4dTensorGeneric, Op5dTensorGeneric, OpTensorFwdBiasGeneric,
+// OpTensorLeadingOnesGeneric in MIOpen@2d1fd997 src/kernels/MIOpenTensorKernels.cl).
+int64_t last_stride_one(const Desc& d, const int64_t* idx) {
+  const size_t last = d.dims.size() - 1;
+  int64_t off = d.dims[last] != 1 ? idx[last] : 0;
+  for (size_t k = 0; k < last; ++k)
+    if (d.dims[k] != 1) off += idx[k] * d.strides[k];
+  return off;
+}
+
+// Which kernel MIOpen's OpTensor runs (tensorocl.cpp OpTensor4d / OpTensorOther).
+enum class Kernel { kFlat, kFwdBias, kLeadingOnes, kLastStrideOne, kStrided, kNotModelled };
+
+Kernel choose_kernel(const Desc& a, const Desc& b, const Desc& c) {
+  const size_t nd = c.dims.size();
+  if (nd == 1 || nd == 2) return Kernel::kStrided;  // Op1d/Op2dTensorGeneric take every stride
+  if (nd == 5) return Kernel::kLastStrideOne;        // Op5dTensorGeneric, always
+  if (nd != 4) return Kernel::kNotModelled;          // OpTensor3d: the shim must not need it
+  // bitmap: bit (3 - k) set where B's dim k is not 1; a one-element B counts as (1, K, 1, 1).
+  unsigned bitmap = 0;
+  size_t last_not_one = 0;
+  for (size_t k = 0; k < 4; ++k)
+    if (b.dims[k] != 1) bitmap |= 1u << (3 - k), last_not_one = k;
+  if (count(b) == 1) bitmap = 4;
+  const bool packed = is_packed(a) && is_packed(b) && is_packed(c);
+  if (bitmap == 4) {  // "Forward Convolution Bias specialization"
+    if (packed) return Kernel::kFwdBias;
+    return count(b) == 1 ? Kernel::kNotModelled : Kernel::kLastStrideOne;
+  }
+  if (packed && count(b) == count(c)) return Kernel::kFlat;  // Op4dTensorLite
+  bool leading_ones = true;  // B's dims other than 1 are a prefix (IsBitmapLeadingOnes)
+  for (size_t k = 0; k < last_not_one; ++k) leading_ones &= b.dims[k] != 1;
+  if (leading_ones && packed) return Kernel::kLeadingOnes;
+  return Kernel::kLastStrideOne;
+}
+
+// Offsets of A, B and C for C's element i under the kernel's indexing.
+void kernel_offsets(Kernel k, const Desc& a, const Desc& b, const Desc& c, int64_t i,
+                    int64_t out[3]) {
+  int64_t idx[5] = {0, 0, 0, 0, 0};
+  unravel(c, i, idx);
+  switch (k) {
+    case Kernel::kFlat: out[0] = out[1] = out[2] = i; return;  // strides ignored
+    case Kernel::kFwdBias: {
+      // index = n * c_nstride + k * c_cstride + hw: each channel's H*W taken as contiguous
+      // (NCHW), A read at C's index, B at its channel (ROCm/MIOpen#2860).
+      const int64_t per_n = count(c) / c.dims[0], b_c = b.dims[1];
+      const int64_t ch = b_c == 1 ? 0 : idx[1];
+      const int64_t within = b_c == 1 ? i % per_n : (idx[2] * c.dims[3] + idx[3]);
+      out[2] = out[0] = idx[0] * c.strides[0] + ch * c.strides[1] + within;
+      out[1] = ch;
+      return;
+    }
+    case Kernel::kLeadingOnes: {
+      // index = n * c_nstride + c * c_cstride + h * c_w + w (+ the inner run): H's stride
+      // taken as W's size, A read at C's index, B flat.
+      out[2] = out[0] = idx[0] * c.strides[0] + idx[1] * c.strides[1] + idx[2] * c.dims[3] + idx[3];
+      int64_t bflat = 0;
+      for (size_t d = 0; d < 4; ++d) bflat = bflat * b.dims[d] + (b.dims[d] == 1 ? 0 : idx[d]);
+      out[1] = bflat;
+      return;
+    }
+    case Kernel::kLastStrideOne:
+      out[0] = last_stride_one(a, idx), out[1] = last_stride_one(b, idx);
+      out[2] = last_stride_one(c, idx);
+      return;
+    default: out[0] = strided(a, idx), out[1] = strided(b, idx), out[2] = strided(c, idx);
+  }
+}
+
+// miopenMin/miopenMax of MIOpenTensorKernels.cl: `a < b ? a : b`, `a > b ? a : b`.
+double tensor_op(miopenTensorOp_t op, double a, double b) {
+  switch (op) {
+    case miopenTensorOpAdd: return a + b;
+    case miopenTensorOpMul: return a * b;
+    case miopenTensorOpMin: return a < b ? a : b;
+    default: return a > b ? a : b;
+  }
+}
+
+// A host scalar in the tensor's own type, as SetTensor and ScaleTensor read it
+// (visit_float's as_float<T> is a static_cast of the pointer).
+double native_scalar(miopenDataType_t t, const void* p) {
+  switch (t) {
+    case miopenHalf: return fdnn_shim::half_to_float(*static_cast<const uint16_t*>(p));
+    case miopenBFloat16: return fdnn_shim::bf16_to_float(*static_cast<const uint16_t*>(p));
+    case miopenDouble: return *static_cast<const double*>(p);
+    default: return *static_cast<const float*>(p);
+  }
+}
+
+}  // namespace
+
 EXPORT miopenStatus_t miopenConvolutionBackwardBias(miopenHandle_t h, const void* alpha,
                                                     miopenTensorDescriptor_t dy, const void* dyp,
                                                     const void* beta, miopenTensorDescriptor_t db,
                                                     void* dbp) {
   if (!h || !dy || !db || !dyp || !dbp || !dy->set || !db->set) return miopenStatusBadParm;
+  // "bfloat16 not supported" (src/convolution_api.cpp)
   if (dy->type == miopenBFloat16 || dy->type == miopenDouble) return miopenStatusNotImplemented;
-  if (!(layouts(*dy) & 1)) return miopenStatusNotImplemented;  // NCHW only
-  const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
-  if (a != 1.f || b != 0.f) return miopenStatusNotImplemented;
-  if (db->type != dy->type || db->dims.size() != dy->dims.size() || db->dims[1] != dy->dims[1])
+  if (db->dims.size() < 2 || dy->dims.size() < 2 || db->dims[1] != dy->dims[1])
     return miopenStatusBadParm;
-  View Y(*dy);
-  for (int64_t k = 0; k < Y.n[1]; ++k) {
+  // "Only alpha=1 and beta=0 is supported" (MIOPEN_THROW: unknown error)
+  if (*static_cast<const float*>(alpha) != 1.f || *static_cast<const float*>(beta) != 0.f)
+    return miopenStatusUnknownError;
+  // MIOpenConvBwdB gets dy's N and C strides only: each channel's map is read as contiguous,
+  // and db is written contiguously, whatever its strides (convolutionocl.cpp).
+  const int64_t N = dy->dims[0], K = dy->dims[1], map = count(*dy) / (N * K);
+  for (int64_t k = 0; k < K; ++k) {
     double sum = 0;
-    for (int64_t n = 0; n < Y.n[0]; ++n)
-      for (int64_t z = 0; z < Y.n[2]; ++z)
-        for (int64_t y = 0; y < Y.n[3]; ++y)
-          for (int64_t x = 0; x < Y.n[4]; ++x) sum += load(*dy, dyp, Y.at(n, k, z, y, x));
-    store(*db, dbp, k * db->strides[1], sum);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < map; ++i) sum += load(*dy, dyp, n * dy->strides[0] + k * dy->strides[1] + i);
+    store(*db, dbp, k, sum);
   }
   return miopenStatusSuccess;
 }
@@ -503,47 +668,48 @@ EXPORT miopenStatus_t miopenOpTensor(miopenHandle_t h, miopenTensorOp_t op, cons
                                      const void* alpha2, miopenTensorDescriptor_t bd,
                                      const void* B, const void* beta,
                                      miopenTensorDescriptor_t cd, void* C) {
-  if (!h || !ad || !bd || !cd || !A || !B || !C || !same_dims(*ad, *cd)) return miopenStatusBadParm;
-  if (bd->type != cd->type || bd->dims.size() != cd->dims.size()) return miopenStatusBadParm;
+  if (!h || !ad || !bd || !cd || !A || !B || !C) return miopenStatusBadParm;
+  // OpTensor's checks: A and C of one element count, B and C of one type and rank, B's dims 1
+  // or C's, at most 5 dims.
+  if (count(*ad) != count(*cd) || bd->type != cd->type || bd->dims.size() != cd->dims.size())
+    return miopenStatusBadParm;
   for (size_t k = 0; k < cd->dims.size(); ++k)
     if (bd->dims[k] != 1 && bd->dims[k] != cd->dims[k]) return miopenStatusBadParm;
+  // No bfloat16 type in MIOpenTensorKernels.cl: the kernel does not build (status unverified).
+  if (cd->type == miopenBFloat16) return miopenStatusUnknownError;
+  const Kernel kernel = choose_kernel(*ad, *bd, *cd);
+  if (kernel == Kernel::kNotModelled) return miopenStatusNotImplemented;
+  // alpha1, alpha2 and beta are read as float (`*(static_cast<const float*>(alpha0))`).
   const float a1 = *static_cast<const float*>(alpha1), a2 = *static_cast<const float*>(alpha2);
   const float be = *static_cast<const float*>(beta);
   for (int64_t i = 0; i < count(*cd); ++i) {
-    int64_t bo = 0, rest = i;
-    for (size_t k = cd->dims.size(); k-- > 0;) {
-      const int64_t idx = rest % cd->dims[k];
-      rest /= cd->dims[k];
-      if (bd->dims[k] != 1) bo += idx * bd->strides[k];
-    }
-    const double av = double(a1) * load(*ad, A, offset_of(*ad, i));
-    const double bv = double(a2) * load(*bd, B, bo);
-    double r = op == miopenTensorOpAdd ? av + bv
-               : op == miopenTensorOpMul ? av * bv
-               : op == miopenTensorOpMin ? std::fmin(av, bv)
-                                         : std::fmax(av, bv);
-    const int64_t co = offset_of(*cd, i);
-    if (be != 0.f) r += double(be) * load(*cd, C, co);  // beta = 0: C is not read
-    store(*cd, C, co, r);
+    int64_t off[3];
+    kernel_offsets(kernel, *ad, *bd, *cd, i, off);
+    double r = tensor_op(op, double(a1) * load(*ad, A, off[0]), double(a2) * load(*bd, B, off[1]));
+    if (be != 0.f) r += double(be) * load(*cd, C, off[2]);  // beta = 0: C is not read
+    store(*cd, C, off[2], r);
   }
   return miopenStatusSuccess;
 }
 
+// SetTensor and ScaleTensor: every stride, alpha in the tensor's type.
 EXPORT miopenStatus_t miopenSetTensor(miopenHandle_t h, miopenTensorDescriptor_t d, void* y,
                                       const void* alpha) {
-  if (!h || !d || !y) return miopenStatusBadParm;
-  const float v = *static_cast<const float*>(alpha);
+  if (!h || !d || !y || !alpha) return miopenStatusBadParm;
+  const double v = native_scalar(d->type, alpha);
   for (int64_t i = 0; i < count(*d); ++i) store(*d, y, offset_of(*d, i), v);
   return miopenStatusSuccess;
 }
 
 EXPORT miopenStatus_t miopenScaleTensor(miopenHandle_t h, miopenTensorDescriptor_t d, void* y,
                                         const void* alpha) {
-  if (!h || !d || !y) return miopenStatusBadParm;
-  const float v = *static_cast<const float*>(alpha);
+  if (!h || !d || !y || !alpha) return miopenStatusBadParm;
+  // "ScaleTensor: unsupported data type" for anything but half, float, int32, double
+  if (d->type == miopenBFloat16) return miopenStatusBadParm;
+  const double v = native_scalar(d->type, alpha);
   for (int64_t i = 0; i < count(*d); ++i) {
     const int64_t o = offset_of(*d, i);
-    store(*d, y, o, double(v) * load(*d, y, o));
+    store(*d, y, o, v * load(*d, y, o));
   }
   return miopenStatusSuccess;
 }
@@ -565,16 +731,20 @@ EXPORT miopenStatus_t miopenDestroyActivationDescriptor(miopenActivationDescript
 }
 
 namespace {
-double activation(const miopenActivationDescriptor& d, double x) {
+// MIOpenNeuron.cl / activation_functions.h, computed in double here.
+double activation(const miopenActivationDescriptor& d, double x, double epsilon) {
   switch (d.mode) {
     case miopenActivationLOGISTIC: return 1.0 / (1.0 + std::exp(-x));
     case miopenActivationTANH: return d.beta * std::tanh(d.alpha * x);
-    case miopenActivationRELU: return x > 0 ? x : 0;
+    case miopenActivationRELU: return x * (x > 0 ? 1.0 : 0.0);  // data * (data > 0)
     case miopenActivationSOFTRELU: return std::log1p(std::exp(x));
     case miopenActivationABS: return std::fabs(x);
-    case miopenActivationPOWER: return std::pow(d.alpha + d.beta * x, d.gamma);
+    case miopenActivationPOWER: {  // arg <= EPSILON ? 0 : pow(arg, gamma)
+      const double arg = d.alpha + d.beta * x;
+      return arg <= epsilon ? 0.0 : std::pow(arg, d.gamma);
+    }
     case miopenActivationCLIPPEDRELU: return std::fmin(d.alpha, std::fmax(0.0, x));
-    case miopenActivationLEAKYRELU: return x > 0 ? x : d.alpha * x;
+    case miopenActivationLEAKYRELU: return x * (x > 0 ? 1.0 : d.alpha);
     case miopenActivationELU: return x > 0 ? x : d.alpha * std::expm1(x);
     default: return x;
   }
@@ -585,13 +755,18 @@ EXPORT miopenStatus_t miopenActivationForward(miopenHandle_t h, miopenActivation
                                               const void* alpha, miopenTensorDescriptor_t xd,
                                               const void* x, const void* beta,
                                               miopenTensorDescriptor_t yd, void* y) {
-  if (!h || !d || !xd || !yd || !x || !y || !same_dims(*xd, *yd)) return miopenStatusBadParm;
-  const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
+  if (!h || !d || !xd || !yd || !x || !y || count(*xd) != count(*yd)) return miopenStatusBadParm;
+  // "bfloat16 not supported for activation operation" (src/activ_api.cpp)
+  if (xd->type == miopenBFloat16 || yd->type == miopenBFloat16) return miopenStatusNotImplemented;
+  // "Only alpha=1 and beta=0 is supported" (src/ocl/activ_ocl.cpp)
+  if (*static_cast<const float*>(alpha) != 1.f || *static_cast<const float*>(beta) != 0.f)
+    return miopenStatusUnknownError;
+  const double epsilon = yd->type == miopenHalf ? 1e-4 : 1e-6;
+  // Packed x and y: one flat pass, strides ignored (src/solver/activ/fwd_0.cpp).
+  const bool flat = is_packed(*xd) && is_packed(*yd);
   for (int64_t i = 0; i < count(*yd); ++i) {
-    const int64_t yo = offset_of(*yd, i);
-    double r = double(a) * activation(*d, load(*xd, x, offset_of(*xd, i)));
-    if (b != 0.f) r += double(b) * load(*yd, y, yo);
-    store(*yd, y, yo, r);
+    const int64_t xo = flat ? i : offset_of(*xd, i), yo = flat ? i : offset_of(*yd, i);
+    store(*yd, y, yo, activation(*d, load(*xd, x, xo), epsilon));
   }
   return miopenStatusSuccess;
 }
