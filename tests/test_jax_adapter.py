@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -164,8 +165,12 @@ def test_errors_are_python_exceptions_at_trace_time(rng):
         fj.conv(x, randn(rng, 4, 3, 3, 3), stride=0)
     with pytest.raises(TypeError, match="int32"):
         fj.conv(x.astype(jnp.int32), randn(rng, 4, 3, 3, 3).astype(jnp.int32))
-    with pytest.raises(ValueError, match="lhs_dilation"):
+    with pytest.raises(ValueError, match="String padding"):  # lax's own refusal, raised by lax
         fj.conv_general_dilated(x, randn(rng, 4, 3, 3, 3), (1, 1), "SAME", lhs_dilation=(2, 2))
+    with pytest.raises(TypeError, match="lhs: flux_dnn.jax computes .* got int32"):
+        fj.conv_general_dilated(x.astype(jnp.int32), jnp.ones((4, 3, 3, 3), jnp.int32), (1, 1), "SAME")
+    with pytest.raises(ValueError, match="algorithm"):
+        fj.conv(x, randn(rng, 4, 3, 3, 3), algorithm="fastest")
     with pytest.raises(ValueError, match="x"):
         fj.conv2d(randn(rng, 2, 3, 8), randn(rng, 4, 3, 3))
 
@@ -226,24 +231,32 @@ def test_empty_operands_give_zeros(rng):
 
 
 def test_trace_time_shapes_ask_no_shim():
-    """Output shapes and argument checks at trace time come from flux_dnn's shape rules alone
-    (the GPU check machine, a GPU-only install with no CPU shim, found jax.vjp of a CUDA conv
-    failing with 'no flux_dnn shim is installed for CPU arrays'). FLUX_DNN_SHIMS names only a
-    shim that cannot load on Linux, so any dispatch would raise."""
-    code = (
-        "import flux_dnn.jax as fj\n"
-        "from flux_dnn._geometry import geometry\n"
-        "conv = geometry(2, (3, 2), 2, ((1, 0), (2, 1)), 1, 2)\n"
-        "print(fj._probe('conv', (2, 6, 9, 7), (4, 3, 3, 2), conv))\n"
-        "tr = geometry(2, (3, 3), 2, 0, 1, 3, transposed=True)\n"
-        "print(fj._probe('transpose', (2, 6, 9, 7), (6, 2, 3, 3), tr, 0))\n"
-        "try:\n"
-        "    fj._probe('conv', (2, 6, 9, 7), (4, 3, 3, 2), geometry(2, (3, 2), 1, 0, 1, 4))\n"
-        "except ValueError as exc:\n"
-        "    print('ValueError', str(exc).split(':')[0])\n"
+    """Output shapes and argument checks at trace time come from shape rules alone (the GPU
+    check machine, a GPU-only install with no CPU shim, found jax.vjp of a CUDA conv failing
+    with 'no flux_dnn shim is installed for CPU arrays'). FLUX_DNN_SHIMS names only a shim
+    that cannot load on Linux, so any dispatch would raise; the callback path asks no shim
+    until it runs."""
+    code = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, flux_dnn.jax as fj
+        fj._BACKEND = "callback"
+        s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+        f = lambda x, w: fj.conv(x, w, None, 2, ((1, 0), (2, 1)), 1, 2)
+        print(jax.eval_shape(f, s(2, 6, 9, 7), s(4, 3, 3, 2)).shape)
+        t = lambda x, w: fj.conv_transpose(x, w, None, 2, 0, 0, 3)
+        print(jax.eval_shape(t, s(2, 6, 9, 7), s(6, 2, 3, 3)).shape)
+        g = lambda x, w: fj.conv_general_dilated(x, w, (1, 2), ((1, 2), (3, -1)), (2, 1), (1, 2), batch_group_count=2)
+        print(jax.eval_shape(jax.grad(lambda x, w: g(x, w).sum(), (0, 1)), s(4, 3, 9, 10), s(6, 3, 4, 5))[1].shape)
+        try:
+            jax.eval_shape(lambda x, w: fj.conv(x, w, groups=4), s(2, 6, 9, 7), s(4, 3, 3, 2))
+        except ValueError as exc:
+            print("ValueError", str(exc).split(":")[0])
+        """
     )
     env = {**__import__("os").environ, "FLUX_DNN_SHIMS": "mps"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     # (9 + 1 - 3) // 2 + 1 = 4, (7 + 3 - 2) // 2 + 1 = 5; transposed: (9 - 1) * 2 + 3 = 19, (7 - 1) * 2 + 3 = 15
-    assert out.stdout.splitlines() == ["(2, 4, 4, 5)", "(2, 6, 19, 15)", "ValueError groups"], out.stdout
+    assert out.stdout.splitlines() == ["(2, 4, 4, 5)", "(2, 6, 19, 15)", "(6, 3, 4, 5)", "ValueError groups"], (
+        out.stdout
+    )

@@ -489,30 +489,40 @@ def test_info_tells_the_truth_per_dtype(rng):
 # -- the XLA FFI handler, which loads shims through the same client library ---------------------
 
 
+def ffi_attrs(name, groups=1, flags=-1):
+    """The attributes of one 2-D forward convolution through flux_dnn's XLA FFI handler,
+    with no padding, on the shim registered as `name`."""
+    ones, zeros, order = np.ones(2, np.int64), np.zeros(2, np.int64), np.arange(4, dtype=np.int64)
+    return dict(
+        shim=name,
+        abi_major=np.int64(_core.ABI_MAJOR),
+        op=np.int64(_core.CONV_FORWARD),
+        stride=ones,
+        padding_lo=zeros,
+        padding_hi=zeros,
+        dilation=ones,
+        groups=np.int64(groups),
+        flags=np.int64(flags),
+        algo_policy=np.int64(_core.ALGO_HEURISTIC),
+        algo_id=np.int64(0),
+        a_spec=order,
+        b_spec=order,
+        out_spec=order,
+    )
+
+
 def ffi_call(lib, x, w, groups=1, flags=-1):
-    """One forward convolution through flux_dnn's XLA FFI handler on the shim at `lib`."""
+    """One forward convolution through flux_dnn's XLA FFI handler on the shim at `lib`
+    (registered with the handler under its file name, as flux_dnn.jax registers shims)."""
     jax = pytest.importorskip("jax")
     import flux_dnn.jax as fj
 
     if not fj.ffi_available():
         pytest.skip(f"the XLA FFI handler is not built: {fj._ffi_state.get('reason')}")
+    name = pathlib.Path(lib).stem
+    assert fj._ffi_state["lib"].FluxDnnJaxRegisterShim(name.encode(), str(lib).encode()) == 0
     out = jax.ShapeDtypeStruct(x.shape[:1] + w.shape[:1] + x.shape[2:], x.dtype)
-    ones, zeros = np.ones(2, np.int64), np.zeros(2, np.int64)
-    call = jax.ffi.ffi_call(fj._FFI_TARGET, out)
-    return np.asarray(
-        call(
-            x,
-            w,
-            shim=str(lib),
-            op=np.int64(_core.CONV_FORWARD),
-            stride=ones,
-            padding_lo=zeros,
-            padding_hi=zeros,
-            dilation=ones,
-            groups=np.int64(groups),
-            flags=np.int64(flags),
-        )
-    )
+    return np.asarray(jax.ffi.ffi_call(fj._FFI_TARGET, out)(x, w, **ffi_attrs(name, groups, flags)))
 
 
 def test_ffi_handler_passes_the_device_default_flags(tmp_path):
@@ -551,6 +561,23 @@ def test_ffi_handler_checks_the_shim_and_maps_its_errors(tmp_path):
             match=rf"{status}: flux_dnn: \[ffierrors\] creating a plan: fake failure code {code}",
         ):
             ffi_call(lib, x, w, groups=1000 + code)
+
+
+def test_ffi_handler_names_shims_by_registered_name():
+    """A program names its shim by registered name and ABI major (portable across installs):
+    an unknown name and another ABI major are refused with what to do."""
+    jax = pytest.importorskip("jax")
+    import flux_dnn.jax as fj
+
+    if not fj.ffi_available():
+        pytest.skip(f"the XLA FFI handler is not built: {fj._ffi_state.get('reason')}")
+    x, w = np.zeros((1, 2, 4, 4), np.float32), np.ones((3, 2, 1, 1), np.float32)
+    call = jax.ffi.ffi_call(fj._FFI_TARGET, jax.ShapeDtypeStruct((1, 3, 4, 4), np.float32))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="UNAVAILABLE: flux_dnn: no flux_dnn shim named 'nosuch'"):
+        call(x, w, **ffi_attrs("nosuch"))
+    attrs = {**ffi_attrs("nosuch"), "abi_major": np.int64(_core.ABI_MAJOR + 1)}
+    with pytest.raises(jax.errors.JaxRuntimeError, match=f"traced for flux_dnn ABI major {_core.ABI_MAJOR + 1}"):
+        call(x, w, **attrs)
 
 
 # -- a warm call allocates nothing in C++ -----------------------------------------------------
@@ -600,11 +627,14 @@ FFI_ALLOC_PROBE = (
 import jax, flux_dnn.jax as fj
 fj.ffi_available()
 counter = count_in(fj._FFI_LIBRARY)
+fj._ffi_state["lib"].FluxDnnJaxRegisterShim(b"fakewarm", sys.argv[2].encode())
+order = np.arange(4, dtype=np.int64)
 ones, zeros = np.ones(2, np.int64), np.zeros(2, np.int64)
 out = jax.ShapeDtypeStruct((1, 3, 4, 4), np.float32)
 conv = jax.jit(lambda x, w: jax.ffi.ffi_call(fj._FFI_TARGET, out)(
-    x, w, shim=sys.argv[2], op=np.int64(0), stride=ones, padding_lo=zeros, padding_hi=zeros, dilation=ones,
-    groups=np.int64(1), flags=np.int64(-1)))
+    x, w, shim="fakewarm", abi_major=np.int64(_core.ABI_MAJOR), op=np.int64(0), stride=ones, padding_lo=zeros,
+    padding_hi=zeros, dilation=ones, groups=np.int64(1), flags=np.int64(-1), algo_policy=np.int64(0),
+    algo_id=np.int64(0), a_spec=order, b_spec=order, out_spec=order))
 x, w = jax.numpy.zeros((1, 2, 4, 4), np.float32), jax.numpy.ones((3, 2, 1, 1), np.float32)
 print(allocations(lambda: conv(x, w).block_until_ready()))
 """

@@ -1,30 +1,42 @@
 // XLA FFI handler: flux_dnn convolutions inside JAX programs, on XLA's own buffers.
 //
-// Two handlers, FluxDnnConv (host buffers) and FluxDnnConvCuda (device buffers, XLA's CUDA
-// stream and scratch memory), run forward, backward-data or backward-weight through a shim's
-// ABI table (flux_dnn.h); they differ only in where the buffers, stream and workspace come
-// from. JAX registers them under one target name, per platform. A plain shared library with
-// no Python and no CUDA headers in it (the stream is an opaque pointer), loaded by
-// flux_dnn.jax through ctypes. Loading and checking the shim, plan keys, the plan cache and
-// the error kinds are the client library's (csrc/client/), as in flux_dnn._core; this file
-// is the XLA binding only.
+// Two handlers, FluxDnnConvGeneral (host buffers) and FluxDnnConvGeneralCuda (device buffers,
+// XLA's CUDA stream and scratch memory), run forward, backward-data or backward-weight
+// through a shim's ABI table (flux_dnn.h); they differ only in where the buffers, stream and
+// workspace come from. JAX registers them under one target name, per platform. A plain
+// shared library with no Python and no CUDA headers in it (the stream is an opaque pointer),
+// loaded by flux_dnn.jax through ctypes. Loading and checking the shim, plan keys, the plan
+// cache and the error kinds are the client library's (csrc/client/), as in flux_dnn._core;
+// this file is the XLA binding only.
 //
-// Operands (all dense row-major, as XLA hands them to a custom call):
+// Operands (dense row-major in their own dim order, as XLA hands them to a custom call):
 //   forward          a = x (N, C, *sp),  b = w (K, C/g, *k),  out = y (N, K, *out)
 //   backward-data    a = dy,              b = w,               out = dx
 //   backward-weight  a = x,               b = dy,              out = dw
+// in any dim order: attribute `a_spec` (and `b_spec`, `out_spec`) says which dim of the
+// operand holds each of the roles' dims in the order above (jax.lax's dimension numbers), and
+// the shim gets the operand through strides, so no layout is transposed to suit us.
 // Under jax.vmap (vmap_method "expand_dims") every operand carries the same leading batch
 // dims, of size 1 where it is not batched: the handler folds them into N when only the data
-// operand is batched, and otherwise runs one convolution per batch element.
+// operand is batched and N is its outermost dim, and otherwise runs one convolution per
+// batch element.
+//
+// The shim is named by its registered name (attribute `shim`, e.g. "onednn") and the ABI
+// major the program was traced for (`abi_major`), never by a path: a program saved with
+// jax.export runs on any install. flux_dnn.jax tells the handler where each installed shim's
+// library lies (FluxDnnJaxRegisterShim) when it registers the handler.
 //
 // Attribute `flags` is FDNN_CONV_* bits, or -1 for the device's default flags (Device_Describe:
-// TF32 on NVIDIA), which is what the Python path passes when the user says nothing.
+// TF32 on NVIDIA), which is what the Python path passes when the user says nothing;
+// `algo_policy` and `algo_id` are the ABI's algorithm policy.
 // A warm call (its plan cached) allocates nothing.
 
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -73,18 +85,23 @@ bool dtype_of(ffi::DataType t, FDNN_DLDataType* out) {
 
 constexpr int kItemRank = FDNN_MAX_SPATIAL_DIMS + 2;
 
-// One problem's tensor (no vmapped dims) with compact strides, on `device`. `data` is set
-// to the first element of its least aligned batch element: the plan is keyed by it.
+// One problem's tensor (no vmapped dims) on `device`: an operand dense in its own dim order
+// (`dims`), seen in the roles' order through `spec` (role dim i is operand dim spec[i]).
+// `data` is set to the first element of its least aligned batch element: the plan is keyed
+// by it.
 struct Tensor {
   int64_t shape[kItemRank] = {};
   int64_t strides[kItemRank] = {};
   FDNN_DLTensor desc{};
-  Tensor(const int64_t* dims, int32_t rank, FDNN_DLDataType dt, FDNN_DLDevice device) {
-    int64_t step = 1;
+  Tensor(const int64_t* dims, const int64_t* spec, int32_t rank, FDNN_DLDataType dt, FDNN_DLDevice device) {
+    int64_t compact[kItemRank] = {}, step = 1;
     for (int32_t i = rank; i-- > 0;) {
-      shape[i] = dims[i];
-      strides[i] = step;
+      compact[i] = step;
       step *= dims[i];
+    }
+    for (int32_t i = 0; i < rank; ++i) {
+      shape[i] = dims[spec[i]];
+      strides[i] = compact[spec[i]];
     }
     desc.device = device;
     desc.ndim = rank;
@@ -187,16 +204,84 @@ std::shared_ptr<Plan> cached_plan(const Shim& shim, const fdnn_client::ConvParam
   return fdnn_client::plan_cache().insert(key, fdnn_client::create_plan(shim, args, key));
 }
 
+// The shims flux_dnn.jax registered: name -> library path. Looked up by string_view (a
+// transparent comparator), so a warm call allocates nothing.
+std::mutex shim_paths_mutex;
+std::map<std::string, std::string, std::less<>>& shim_paths() {
+  static auto* paths = new std::map<std::string, std::string, std::less<>>();  // never destroyed
+  return *paths;
+}
+
+const Shim& shim_named(std::string_view name, int64_t abi_major) {
+  if (abi_major != FDNN_ABI_MAJOR)
+    throw fdnn_client::Error(ErrorKind::kUnsupported,
+                             "this program was traced for flux_dnn ABI major " + std::to_string(abi_major) +
+                                 ", but this handler speaks ABI major " + std::to_string(FDNN_ABI_MAJOR) +
+                                 ": trace it again with this install");
+  std::string_view path;
+  {
+    std::lock_guard<std::mutex> lock(shim_paths_mutex);
+    auto found = shim_paths().find(name);
+    if (found == shim_paths().end())
+      throw fdnn_client::Error(ErrorKind::kUnavailable,
+                               "no flux_dnn shim named '" + std::string(name) +
+                                   "' is installed in this process (import flux_dnn.jax registers the "
+                                   "installed ones; 'python -m flux_dnn info' lists them)");
+    path = found->second;  // entries are never removed or changed: the view stays valid
+  }
+  return Shim::load(path);
+}
+
+// A convolution's attributes, as the custom call carries them.
+struct Attrs {
+  std::string_view shim;
+  int64_t abi_major, op;
+  ffi::Span<const int64_t> stride, lo, hi, dilation;
+  int64_t groups, flags, algo_policy, algo_id;
+  ffi::Span<const int64_t> a_spec, b_spec, out_spec;
+};
+
+// Whether every spec is a permutation of 0..rank-1.
+bool valid_specs(const Attrs& at, int64_t rank) {
+  for (ffi::Span<const int64_t> spec : {at.a_spec, at.b_spec, at.out_spec}) {
+    if (static_cast<int64_t>(spec.size()) != rank) return false;
+    bool seen[kItemRank] = {};
+    for (int64_t d : spec) {
+      if (d < 0 || d >= rank || seen[d]) return false;
+      seen[d] = true;
+    }
+  }
+  return true;
+}
+
+bool valid_attrs(const Attrs& at) {
+  const size_t nd = at.stride.size();
+  return nd >= 1 && nd <= FDNN_MAX_SPATIAL_DIMS && at.lo.size() == nd && at.hi.size() == nd &&
+         at.dilation.size() == nd && at.op >= 0 && at.op <= 2 && at.flags >= -1 && at.flags <= UINT32_MAX &&
+         valid_specs(at, static_cast<int64_t>(nd) + 2);
+}
+
+fdnn_client::ConvParams params_of(const Attrs& at, const Shim& shim, int32_t device_id) {
+  fdnn_client::ConvParams p;
+  p.op = static_cast<int32_t>(at.op);
+  p.spatial_rank = static_cast<int32_t>(at.stride.size());
+  for (size_t i = 0; i < at.stride.size(); ++i) {
+    p.stride[i] = at.stride[i];
+    p.dilation[i] = at.dilation[i];
+    p.padding_lo[i] = at.lo[i];
+    p.padding_hi[i] = at.hi[i];
+  }
+  p.groups = at.groups;
+  p.flags = at.flags < 0 ? shim.default_flags(device_id) : static_cast<uint32_t>(at.flags);
+  p.algo_policy = static_cast<int32_t>(at.algo_policy);
+  p.algo_id = at.algo_id;
+  return p;
+}
+
 ffi::Error run_conv(const Target& target, ffi::AnyBuffer a_buf, ffi::AnyBuffer b_buf,
-                    ffi::Result<ffi::AnyBuffer> out_buf, std::string_view shim_path, int64_t op,
-                    ffi::Span<const int64_t> stride, ffi::Span<const int64_t> padding_lo,
-                    ffi::Span<const int64_t> padding_hi, ffi::Span<const int64_t> dilation,
-                    int64_t groups, int64_t flags) {
-  const int64_t nd = static_cast<int64_t>(stride.size());
-  if (nd < 1 || nd > FDNN_MAX_SPATIAL_DIMS || padding_lo.size() != stride.size() ||
-      padding_hi.size() != stride.size() || dilation.size() != stride.size() || op < 0 || op > 2 ||
-      flags < -1 || flags > UINT32_MAX)
-    return ffi::Error::InvalidArgument("flux_dnn: malformed convolution attributes");
+                    ffi::Result<ffi::AnyBuffer> out_buf, const Attrs& at) {
+  if (!valid_attrs(at)) return ffi::Error::InvalidArgument("flux_dnn: malformed convolution attributes");
+  const int64_t nd = static_cast<int64_t>(at.stride.size()), op = at.op;
   FDNN_DLDataType dt{};
   if (!dtype_of(a_buf.element_type(), &dt) || b_buf.element_type() != a_buf.element_type() ||
       out_buf->element_type() != a_buf.element_type())
@@ -213,23 +298,25 @@ ffi::Error run_conv(const Target& target, ffi::AnyBuffer a_buf, ffi::AnyBuffer b
   int64_t batch = 1;
   for (int64_t i = 0; i < lead_rank; ++i) batch *= o.lead(i);
 
-  // Shared weights under vmap (forward, backward-data): the batch joins N, one call.
+  // Shared weights under vmap (forward, backward-data): the batch joins N, one call, where N
+  // is the outermost dim of the data operands (then batch element and sample are one index).
   int64_t a_item[kItemRank], o_item[kItemRank];
   std::memcpy(a_item, a.item, sizeof a_item);
   std::memcpy(o_item, o.item, sizeof o_item);
   int64_t calls = batch;
-  if (batch > 1 && op != FDNN_CONV_BACKWARD_WEIGHT && lead_all_ones(b) && same_lead(a, o)) {
+  if (batch > 1 && op != FDNN_CONV_BACKWARD_WEIGHT && lead_all_ones(b) && same_lead(a, o) && at.a_spec[0] == 0 &&
+      at.out_spec[0] == 0) {
     a_item[0] *= batch;
     o_item[0] *= batch;
     calls = 1;
   }
   // Map (a, b, out) to the ABI's (x, w, y) roles.
   const int32_t item_rank = static_cast<int32_t>(nd + 2);
-  const int64_t* x_dims = op == FDNN_CONV_BACKWARD_DATA ? o_item : a_item;
-  const int64_t* w_dims = op == FDNN_CONV_BACKWARD_WEIGHT ? o_item : b.item;
-  const int64_t* y_dims = op == FDNN_CONV_FORWARD ? o_item : op == FDNN_CONV_BACKWARD_DATA ? a_item : b.item;
-  Tensor x(x_dims, item_rank, dt, target.device), w(w_dims, item_rank, dt, target.device),
-      y(y_dims, item_rank, dt, target.device);
+  const bool bd = op == FDNN_CONV_BACKWARD_DATA, bw = op == FDNN_CONV_BACKWARD_WEIGHT, fw = op == FDNN_CONV_FORWARD;
+  Tensor x(bd ? o_item : a_item, bd ? at.out_spec.begin() : at.a_spec.begin(), item_rank, dt, target.device);
+  Tensor w(bw ? o_item : b.item, bw ? at.out_spec.begin() : at.b_spec.begin(), item_rank, dt, target.device);
+  Tensor y(fw ? o_item : bd ? a_item : b.item, fw ? at.out_spec.begin() : bd ? at.a_spec.begin() : at.b_spec.begin(),
+           item_rank, dt, target.device);
   if (x.size() == 0 || y.size() == 0) {  // nothing to compute; a weight gradient is zero
     // Device memory cannot be cleared from here without CUDA; flux_dnn.jax never sends an
     // empty problem (it returns zeros itself), so only a direct caller can get this error.
@@ -238,26 +325,16 @@ ffi::Error run_conv(const Target& target, ffi::AnyBuffer a_buf, ffi::AnyBuffer b
     std::memset(o.data, 0, size_t(o.item_bytes) * size_t(batch));
     return ffi::Error::Success();
   }
-  Operand* x_of = op == FDNN_CONV_BACKWARD_DATA ? &o : &a;
-  Operand* w_of = op == FDNN_CONV_BACKWARD_WEIGHT ? &o : &b;
-  Operand* y_of = op == FDNN_CONV_FORWARD ? &o : op == FDNN_CONV_BACKWARD_DATA ? &a : &b;
+  Operand* x_of = bd ? &o : &a;
+  Operand* w_of = bw ? &o : &b;
+  Operand* y_of = fw ? &o : bd ? &a : &b;
   x.desc.data = least_aligned(*x_of, o, calls);
   w.desc.data = least_aligned(*w_of, o, calls);
   y.desc.data = least_aligned(*y_of, o, calls);
 
   try {
-    const Shim& shim = Shim::load(shim_path);
-    fdnn_client::ConvParams p;
-    p.op = static_cast<int32_t>(op);
-    p.spatial_rank = static_cast<int32_t>(nd);
-    for (int64_t i = 0; i < nd; ++i) {
-      p.stride[i] = stride[i];
-      p.dilation[i] = dilation[i];
-      p.padding_lo[i] = padding_lo[i];
-      p.padding_hi[i] = padding_hi[i];
-    }
-    p.groups = groups;
-    p.flags = flags < 0 ? shim.default_flags(target.device.device_id) : static_cast<uint32_t>(flags);
+    const Shim& shim = shim_named(at.shim, at.abi_major);
+    fdnn_client::ConvParams p = params_of(at, shim, target.device.device_id);
     std::shared_ptr<Plan> plan = cached_plan(shim, p, x, w, y, target.stream);
 
     void* workspace = plan->workspace_size ? target.workspace(plan->workspace_size) : nullptr;
@@ -285,30 +362,47 @@ ffi::Error run_conv(const Target& target, ffi::AnyBuffer a_buf, ffi::AnyBuffer b
   return ffi::Error::Success();
 }
 
+Attrs attrs(std::string_view shim, int64_t abi_major, int64_t op, ffi::Span<const int64_t> stride,
+            ffi::Span<const int64_t> lo, ffi::Span<const int64_t> hi, ffi::Span<const int64_t> dilation,
+            int64_t groups, int64_t flags, int64_t algo_policy, int64_t algo_id, ffi::Span<const int64_t> a_spec,
+            ffi::Span<const int64_t> b_spec, ffi::Span<const int64_t> out_spec) {
+  return Attrs{shim, abi_major, op, stride, lo, hi, dilation, groups, flags, algo_policy, algo_id, a_spec, b_spec,
+               out_spec};
+}
+
 // Host buffers; the workspace is this thread's grow-only host buffer.
-ffi::Error FluxDnnConvImpl(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out,
-                           std::string_view shim, int64_t op, ffi::Span<const int64_t> stride,
-                           ffi::Span<const int64_t> lo, ffi::Span<const int64_t> hi,
-                           ffi::Span<const int64_t> dilation, int64_t groups, int64_t flags) {
+ffi::Error FluxDnnConvGeneralImpl(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out,
+                                  std::string_view shim, int64_t abi_major, int64_t op,
+                                  ffi::Span<const int64_t> stride, ffi::Span<const int64_t> lo,
+                                  ffi::Span<const int64_t> hi, ffi::Span<const int64_t> dilation, int64_t groups,
+                                  int64_t flags, int64_t algo_policy, int64_t algo_id,
+                                  ffi::Span<const int64_t> a_spec, ffi::Span<const int64_t> b_spec,
+                                  ffi::Span<const int64_t> out_spec) {
   Target target{{FDNN_DEVICE_CPU, 0}, nullptr, &fdnn_client::host_workspace};
-  return run_conv(target, a, b, out, shim, op, stride, lo, hi, dilation, groups, flags);
+  return run_conv(target, a, b, out,
+                  attrs(shim, abi_major, op, stride, lo, hi, dilation, groups, flags, algo_policy, algo_id, a_spec,
+                        b_spec, out_spec));
 }
 
 // CUDA buffers on XLA's device `ordinal`; the work is enqueued on XLA's stream, so it is
 // ordered with the rest of the program without a sync. The workspace comes from XLA's scratch
 // allocator: device memory freed when the handler returns, which is safe because XLA's device
 // allocator orders reuse on that same stream (jaxlib's own GPU kernels rely on this too).
-ffi::Error FluxDnnConvCudaImpl(void* stream, ffi::ScratchAllocator scratch, int32_t ordinal,
-                               ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out,
-                               std::string_view shim, int64_t op, ffi::Span<const int64_t> stride,
-                               ffi::Span<const int64_t> lo, ffi::Span<const int64_t> hi,
-                               ffi::Span<const int64_t> dilation, int64_t groups, int64_t flags) {
+ffi::Error FluxDnnConvGeneralCudaImpl(void* stream, ffi::ScratchAllocator scratch, int32_t ordinal, ffi::AnyBuffer a,
+                                      ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out, std::string_view shim,
+                                      int64_t abi_major, int64_t op, ffi::Span<const int64_t> stride,
+                                      ffi::Span<const int64_t> lo, ffi::Span<const int64_t> hi,
+                                      ffi::Span<const int64_t> dilation, int64_t groups, int64_t flags,
+                                      int64_t algo_policy, int64_t algo_id, ffi::Span<const int64_t> a_spec,
+                                      ffi::Span<const int64_t> b_spec, ffi::Span<const int64_t> out_spec) {
   auto device_workspace = [&scratch](size_t bytes) -> void* {
     std::optional<void*> p = scratch.Allocate(bytes, 256);  // 256: what cudaMalloc guarantees
     return p ? *p : nullptr;
   };
   Target target{{FDNN_DEVICE_CUDA, ordinal}, stream, device_workspace};
-  return run_conv(target, a, b, out, shim, op, stride, lo, hi, dilation, groups, flags);
+  return run_conv(target, a, b, out,
+                  attrs(shim, abi_major, op, stride, lo, hi, dilation, groups, flags, algo_policy, algo_id, a_spec,
+                        b_spec, out_spec));
 }
 
 // The operands and attributes both handlers take, after their context.
@@ -319,25 +413,42 @@ auto bind_conv(Binding b) {
       .template Arg<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>()
       .template Attr<std::string_view>("shim")
+      .template Attr<int64_t>("abi_major")
       .template Attr<int64_t>("op")
       .template Attr<ffi::Span<const int64_t>>("stride")
       .template Attr<ffi::Span<const int64_t>>("padding_lo")
       .template Attr<ffi::Span<const int64_t>>("padding_hi")
       .template Attr<ffi::Span<const int64_t>>("dilation")
       .template Attr<int64_t>("groups")
-      .template Attr<int64_t>("flags");
+      .template Attr<int64_t>("flags")
+      .template Attr<int64_t>("algo_policy")
+      .template Attr<int64_t>("algo_id")
+      .template Attr<ffi::Span<const int64_t>>("a_spec")
+      .template Attr<ffi::Span<const int64_t>>("b_spec")
+      .template Attr<ffi::Span<const int64_t>>("out_spec");
 }
 
 }  // namespace
 
 // The exported symbols (the build hides everything else).
-extern "C" FDNN_EXPORT XLA_FFI_Error* FluxDnnConv(XLA_FFI_CallFrame* call_frame);
-extern "C" FDNN_EXPORT XLA_FFI_Error* FluxDnnConvCuda(XLA_FFI_CallFrame* call_frame);
+extern "C" FDNN_EXPORT XLA_FFI_Error* FluxDnnConvGeneral(XLA_FFI_CallFrame* call_frame);
+extern "C" FDNN_EXPORT XLA_FFI_Error* FluxDnnConvGeneralCuda(XLA_FFI_CallFrame* call_frame);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FluxDnnConv, FluxDnnConvImpl, bind_conv(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FluxDnnConvGeneral, FluxDnnConvGeneralImpl, bind_conv(ffi::Ffi::Bind()));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FluxDnnConvCuda, FluxDnnConvCudaImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FluxDnnConvGeneralCuda, FluxDnnConvGeneralCudaImpl,
                               bind_conv(ffi::Ffi::Bind()
                                             .Ctx<ffi::PlatformStream<void*>>()
                                             .Ctx<ffi::ScratchAllocator>()
                                             .Ctx<ffi::DeviceOrdinal>()));
+
+// Where the shim registered as `name` lies (flux_dnn.jax calls it for every installed shim
+// when it registers the handlers). A name registered again keeps its first path: a program
+// running in this process may hold a view of it. Returns 0, or -1 for a NULL or empty
+// argument.
+extern "C" FDNN_EXPORT int FluxDnnJaxRegisterShim(const char* name, const char* path) {
+  if (name == nullptr || path == nullptr || *name == '\0' || *path == '\0') return -1;
+  std::lock_guard<std::mutex> lock(shim_paths_mutex);
+  shim_paths().emplace(name, path);
+  return 0;
+}
