@@ -34,11 +34,11 @@ def find_torch_miopen() -> pathlib.Path | None:
 
 
 def _preload() -> None:
-    """Points the shim at PyTorch's MIOpen when no other is named (the shim's own search
-    covers ROCm installs: a loaded copy, $ROCM_PATH/lib, /opt/rocm/lib, the library path)."""
+    """Points the shim at PyTorch's MIOpen when no other is named, whatever ROCm the system
+    has: torch loads its own copies (torch/lib), and a system MIOpen loaded first would bring
+    a second HIP runtime into the process (review D10; the shim refuses two). Without a ROCm
+    torch the shim's own search covers ROCm installs ($ROCM_PATH/lib, /opt/rocm/lib)."""
     if os.environ.get("FLUX_DNN_MIOPEN_LIBRARY"):
-        return
-    if os.path.exists("/opt/rocm/lib/libMIOpen.so.1") or os.environ.get("ROCM_PATH"):
         return
     found = find_torch_miopen()
     if found is not None:
