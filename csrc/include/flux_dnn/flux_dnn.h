@@ -205,20 +205,27 @@ typedef struct { /* = DLDataType */
  * data + byte_offset (up to 16 bytes), which a shim may assume at execute (vectorised GPU
  * loads) and must check there; callers that cache plans key them by that alignment too.
  * data + byte_offset is always aligned to the element size (bits / 8), at plan time and at
- * execute; a shim refuses anything else with FDNN_ERROR_INVALID_ARGUMENT. `shape` and
+ * execute, with `data` NULL too (then byte_offset itself must be: a descriptor cannot promise
+ * an alignment no call can have); a shim refuses anything else with
+ * FDNN_ERROR_INVALID_ARGUMENT. `shape` and
  * `strides` are borrowed for the duration of the call, never NULL when ndim > 0; `strides` are
  * in elements (the caller fills compact strides in).
  * The rules a shim checks, in every shim alike, before any vendor call:
  *  - every dim >= 1; every stride >= 0 (0 repeats an element: allowed on tensors the op reads
  *    only; a tensor the op writes must not overlap itself, so its dims of size > 1, ordered by
- *    stride, each step past all elements of the dims inside them);
+ *    stride, each step past all elements of the dims inside them). A read tensor whose
+ *    elements overlap (a broadcast, a sliding window) is valid and served by every shim and
+ *    algorithm: a shim whose vendor takes no such strides stages a compact copy of it;
  *  - dtype.lanes is 1 and dtype.bits a positive multiple of 8; device_id in 0..num_devices-1;
+ *  - x, w, y and bias share one dtype (no conversion is implied) and one device (type and
+ *    id): any other is FDNN_ERROR_INVALID_ARGUMENT;
  *  - the largest size: a tensor's element count, its span (1 + sum of (shape[i]-1)*strides[i])
  *    and both times the element size are at most INT64_MAX, as are x + padding_lo +
  *    padding_hi and dilation * (kernel - 1) + 1 of each spatial dim; a shim computes them with
  *    overflow-checked arithmetic. A valid size beyond what the vendor indexes (e.g. more
  *    than INT32_MAX elements in a tensor for a vendor that indexes in int) is
- *    FDNN_ERROR_UNSUPPORTED. */
+ *    FDNN_ERROR_UNSUPPORTED. Sizes here are also a conv's stride, dilation, padding (and
+ *    what they add up to) and groups: a valid one beyond INT32_MAX may be UNSUPPORTED. */
 typedef struct {
   void* data;
   FDNN_DLDevice device;
@@ -306,7 +313,9 @@ typedef FDNN_Error* FDNN_Device_Describe(FDNN_Device_Describe_Args* args);
  *   BACKWARD_WEIGHT  reads x, y (dy), writes w (dw) and, when bias is described, the
  *                    bias gradient db = sum of dy over N and spatial dims.
  * The written tensor gets  out = alpha * result + beta * out  (beta = 0: out is not read),
- * as a BLAS gemm's alpha and beta. On FORWARD the result is the activated sum, so the
+ * as a BLAS gemm's alpha and beta. beta is compared as a number: -0.0 is 0, so out is not
+ * read then either (NaN in it does not leak). The bias gradient of BACKWARD_WEIGHT is a
+ * written tensor like dw: db = alpha * sum(dy) + beta * db, with the same alpha and beta. On FORWARD the result is the activated sum, so the
  * activation comes after bias and before alpha:
  *   y = alpha * act(conv(x, w) + bias) + beta * y
  * (activation = sigmoid, alpha = 0.5: 0.5 * sigmoid(v), never sigmoid(0.5 * v); with NONE,
@@ -325,7 +334,8 @@ enum {
 };
 #define FDNN_NUM_CONV_OPS 3
 
-/* Fused activations (activation fields), FORWARD only. */
+/* Fused activations (activation fields), FORWARD only: one on another op, like a bias on
+ * BACKWARD_DATA, is FDNN_ERROR_INVALID_ARGUMENT (no shim may fuse it there). */
 enum {
   FDNN_ACTIVATION_NONE = 0,
   FDNN_ACTIVATION_RELU = 1,       /* max(v, 0) */
@@ -345,6 +355,12 @@ enum {
   FDNN_ALGO_BENCHMARK = 1, /* time candidates on the device, keep the fastest */
   FDNN_ALGO_GIVEN = 2,     /* use algo_id as returned earlier by this shim for this problem */
 };
+/* FDNN_ALGO_GIVEN with an algo_id that names none of the shim's algorithms (outside its ids;
+ * for ids a vendor enumerates, one naming no engine or solution it offers for the problem: a
+ * stale or foreign id) breaks the rule above: FDNN_ERROR_INVALID_ARGUMENT. One naming an
+ * algorithm of the shim that cannot compute this problem here (or not within
+ * workspace_limit) is FDNN_ERROR_UNSUPPORTED, as any valid problem the shim cannot serve, so
+ * that a caller with several shims for the device passes the problem on. */
 
 /* Bit flags for FDNN_Conv_Plan_Create_Args.flags. */
 enum {
@@ -377,8 +393,11 @@ enum {
   FDNN_FEATURE_ASYMMETRIC_PADDING = 1u << 4, /* by the vendor itself, not a padded copy */
   FDNN_FEATURE_PACK_WEIGHTS = 1u << 5,       /* Conv_Plan_Pack_Weights serves FORWARD plans */
   FDNN_FEATURE_DETERMINISTIC = 1u << 6,      /* FDNN_CONV_DETERMINISTIC honoured (CPU shims
-                                                are deterministic whatever the flag) */
-  FDNN_FEATURE_BENCHMARK = 1u << 7,          /* FDNN_ALGO_BENCHMARK times several candidates */
+                                                are deterministic whatever the flag); without
+                                                it the flag is not covered: UNSUPPORTED */
+  FDNN_FEATURE_BENCHMARK = 1u << 7,          /* FDNN_ALGO_BENCHMARK times several candidates;
+                                                without it the policy is still covered, served
+                                                by the heuristic's choice (one candidate) */
   FDNN_FEATURE_REDUCED_PRECISION = 1u << 8,  /* FDNN_CONV_ALLOW_REDUCED_PRECISION changes the
                                                 math (TF32, bf16) */
 };
@@ -387,9 +406,10 @@ enum {
  * instruction set, its vendor library, its GPU). A caller with several shims for a device
  * type sends a problem to the first shim, by priority, whose capabilities cover it. A problem
  * covered here is served by Conv_Plan_Create, or refused there with FDNN_ERROR_UNSUPPORTED
- * only for a reason of its sizes (a dimension beyond the vendor's integer range, a workspace
- * beyond workspace_limit); a problem not covered is refused with FDNN_ERROR_UNSUPPORTED
- * before any vendor call. */
+ * only for a reason of its sizes (a dimension, stride, dilation, padding or groups beyond the
+ * vendor's integer range, a workspace beyond workspace_limit) or a compute_type it does not
+ * accumulate in; a problem not covered is refused with FDNN_ERROR_UNSUPPORTED before any
+ * vendor call. */
 typedef struct {
   size_t struct_size;
   FDNN_Extension_Base* extension_start;
@@ -440,9 +460,11 @@ typedef struct {
   int32_t activation; /* FDNN_ACTIVATION_* */
   float activation_alpha;
   float activation_beta;
-  /* Accumulation type; code 0 and bits 0 mean the vendor default (fp32 for 16-bit floats,
-   * the input type otherwise; with FDNN_CONV_ALLOW_REDUCED_PRECISION a GPU vendor may still
-   * reduce 16-bit inputs partly in 16 bits: see that flag). */
+  /* Accumulation type; code 0 and bits 0 (lanes 0 or 1) mean the vendor default (fp32 for
+   * 16-bit floats, the input type otherwise; with FDNN_CONV_ALLOW_REDUCED_PRECISION a GPU
+   * vendor may still reduce 16-bit inputs partly in 16 bits: see that flag). Any other follows
+   * the dtype rules (lanes 1, bits a positive multiple of 8: else INVALID_ARGUMENT); a
+   * well-formed type the shim does not accumulate in is FDNN_ERROR_UNSUPPORTED. */
   FDNN_DLDataType compute_type;
   uint32_t flags;      /* FDNN_CONV_* bits */
   int32_t algo_policy; /* FDNN_ALGO_* */
@@ -475,9 +497,11 @@ typedef struct {
   void* w;
   void* y;
   void* bias;
-  /* Scratch of at least the plan's workspace_size bytes (fewer, or NULL when the plan needs
-   * some, is FDNN_ERROR_INVALID_ARGUMENT), 64-byte aligned, not shared with another call in
-   * flight; borrowed; may be NULL when the plan's workspace_size is 0. */
+  /* Scratch of at least the plan's workspace_size bytes, 64-byte aligned, not shared with
+   * another call in flight; borrowed. When the plan needs some, fewer bytes, NULL or another
+   * alignment is FDNN_ERROR_INVALID_ARGUMENT (staging buffers and vendor scratchpads take
+   * aligned vector accesses there); when its workspace_size is 0 the pointer is not read
+   * (NULL or anything). On Metal the alignment is the offset's (FDNN_Buffer_Offsets). */
   void* workspace;
   size_t workspace_size;
   void* stream; /* cudaStream_t / hipStream_t / MTLCommandQueue; borrowed; NULL on CPU */
@@ -503,7 +527,8 @@ typedef void FDNN_Plan_Destroy(FDNN_Plan_Destroy_Args* args);
 typedef struct {
   size_t struct_size;
   FDNN_Extension_Base* extension_start;
-  const FDNN_Plan* plan; /* borrowed: a FORWARD plan of this shim */
+  const FDNN_Plan* plan; /* borrowed: a FORWARD plan of this shim (another op's is
+                            FDNN_ERROR_INVALID_ARGUMENT) */
   const void* w;         /* borrowed for this call: the weights, as described at plan time */
   void* stream;          /* GPU stream the copy is ordered on; borrowed; NULL on CPU */
   FDNN_Plan* packed_plan; /* out: owned by the caller, freed with Plan_Destroy */

@@ -216,23 +216,14 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
   fdnn_shim::check_covered(a, capabilities(a.op, a.x->dtype), "the OpenBLAS shim");
   // OpenBLAS (the 32-bit-index build) takes its GEMM sizes and leading dimensions in int.
   fdnn_shim::check_vendor_int_range(a, INT32_MAX, "OpenBLAS");
-  const Dt dt = dt_of(a.x->dtype);
-  if (a.compute_type.bits != 0 || a.compute_type.code != 0) {
-    const bool ok = a.compute_type.code == FDNN_DTYPE_FLOAT &&
-                    a.compute_type.bits == (dt == kF64 ? 64 : 32);
-    if (!ok)
-      fail(FDNN_ERROR_UNSUPPORTED, "the OpenBLAS shim accumulates %s in %s only",
-           fdnn_shim::dtype_name(a.x->dtype), dt == kF64 ? "float64" : "float32");
-  }
+  fdnn_shim::check_compute_type_served(a, "the OpenBLAS shim");
   if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > 4))
-    fail(FDNN_ERROR_INVALID_ARGUMENT,
-         "algo_id %lld is not an OpenBLAS shim algorithm (0 heuristic, 1 rows, 2 cols per "
-         "image, 3 cols over the batch, 4 direct depthwise)",
-         static_cast<long long>(a.algo_id));
+    fdnn_shim::fail_unknown_algo(a, "the OpenBLAS shim",
+                                 "its algorithms are 0 heuristic, 1 rows, 2 cols per image, 3 "
+                                 "cols over the batch, 4 direct depthwise");
   if (a.algo_policy == FDNN_ALGO_GIVEN && a.algo_id == 4 && a.w->shape[1] != 1)
-    fail(FDNN_ERROR_UNSUPPORTED,
-         "algo_id 4 (direct depthwise) needs one input channel per group: %s",
-         fdnn_shim::describe_problem(a).c_str());
+    fdnn_shim::fail_algo_cannot_compute(a, "the OpenBLAS shim",
+                                        "4 (direct depthwise) needs one input channel per group");
 }
 
 // Heuristic lowering: channels-last output (channel stride 1) -> rows over the batch; else
@@ -1371,11 +1362,7 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE,
                                  "Conv_Plan_Pack_Weights");
     const Plan& source = fdnn_shim::plan_of<Plan>(args->plan, "Conv_Plan_Pack_Weights");
-    if (source.op != FDNN_CONV_FORWARD)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Pack_Weights: the plan is %s; only a forward "
-           "plan packs its weights", fdnn_shim::op_name(source.op));
-    if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Pack_Weights: w is NULL");
-    fdnn_shim::check_aligned(args->w, storage_size(source.dt), "Conv_Plan_Pack_Weights", "w");
+    fdnn_shim::check_pack_args(*args, source.op, storage_size(source.dt));
     auto packed = std::make_unique<Plan>(source);
     pack_into(*packed, args->w);
     packed->name += " [packed weights]";

@@ -24,6 +24,24 @@ const int fork_handler_registered = pthread_atfork(nullptr, nullptr, mark_forked
 #endif
 }  // namespace
 
+int overlapping_dim(const FDNN_DLTensor& t) {
+  int order[FDNN_MAX_SPATIAL_DIMS + 2];
+  int n = 0;
+  for (int i = 0; i < t.ndim && i < FDNN_MAX_SPATIAL_DIMS + 2; ++i) {  // insertion by stride
+    if (t.shape[i] == 1) continue;
+    int k = n++;
+    for (; k > 0 && t.strides[order[k - 1]] > t.strides[i]; --k) order[k] = order[k - 1];
+    order[k] = i;
+  }
+  int64_t reach = 1;  // elements spanned by the dims sorted so far (fits: tensor_extent)
+  for (int k = 0; k < n; ++k) {
+    const int i = order[k];
+    if (t.strides[i] < reach) return i;
+    reach = t.strides[i] * (t.shape[i] - 1) + reach;
+  }
+  return -1;
+}
+
 bool in_forked_child() {
   (void)fork_handler_registered;
   return forked_child.load(std::memory_order_relaxed);
@@ -142,12 +160,16 @@ void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim, int32_t de
     fail(FDNN_ERROR_INVALID_ARGUMENT, "%s is on device_id %d; this shim has devices 0 to %d",
          name, static_cast<int>(t->device.device_id), static_cast<int>(num_devices - 1));
   check_dtype_form(t->dtype, name);
+  // With data NULL (a descriptor at plan time), data + byte_offset is byte_offset itself: the
+  // rule holds for it alike, or the plan would be keyed by an alignment no call can have.
   const uint64_t bytes = element_bytes(t->dtype);
   const uintptr_t first = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
-  if (t->data != nullptr && first % bytes != 0)
+  if (first % bytes != 0)
     fail(FDNN_ERROR_INVALID_ARGUMENT,
-         "%s: data + byte_offset = %#llx is not aligned to its element size (%llu bytes)", name,
-         static_cast<unsigned long long>(first), static_cast<unsigned long long>(bytes));
+         "%s: data + byte_offset = %#llx (data %s) is not aligned to its element size (%llu "
+         "bytes)",
+         name, static_cast<unsigned long long>(first), t->data == nullptr ? "NULL" : "given",
+         static_cast<unsigned long long>(bytes));
   const Extent e = tensor_extent(*t, name);
   uint64_t end = 0;
   if (t->data != nullptr &&
@@ -158,27 +180,14 @@ void check_tensor(const FDNN_DLTensor* t, const char* name, int ndim, int32_t de
          name, static_cast<long long>(e.span_bytes));
 }
 
-// A written tensor writes no element twice: its dims of size > 1, ordered by stride, each
-// step past all elements of the dims inside it (a zero stride on such a dim fails).
+// A written tensor writes no element twice (see overlapping_dim).
 void check_no_self_overlap(const FDNN_DLTensor* t, const char* name) {
-  int order[FDNN_MAX_SPATIAL_DIMS + 2];
-  int n = 0;
-  for (int i = 0; i < t->ndim; ++i) {  // insertion by stride: at most 5 dims
-    if (t->shape[i] == 1) continue;
-    int k = n++;
-    for (; k > 0 && t->strides[order[k - 1]] > t->strides[i]; --k) order[k] = order[k - 1];
-    order[k] = i;
-  }
-  int64_t reach = 1;  // elements spanned by the dims sorted so far (fits: tensor_extent)
-  for (int k = 0; k < n; ++k) {
-    const int i = order[k];
-    if (t->strides[i] < reach)
-      fail(FDNN_ERROR_INVALID_ARGUMENT,
-           "%s is written and strides[%d] = %lld makes its elements overlap (a written tensor "
-           "needs strides that step past the dims inside them; zero only on dims of size 1)",
-           name, i, static_cast<long long>(t->strides[i]));
-    reach = t->strides[i] * (t->shape[i] - 1) + reach;
-  }
+  const int i = overlapping_dim(*t);
+  if (i >= 0)
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "%s is written and strides[%d] = %lld makes its elements overlap (a written tensor "
+         "needs strides that step past the dims inside them; zero only on dims of size 1)",
+         name, i, static_cast<long long>(t->strides[i]));
 }
 
 // Stride, dilation and padding of each spatial dim, before anything divides by a stride.
@@ -399,6 +408,43 @@ void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a, size_t element_siz
   if (workspace_needed > 0 && a.workspace == nullptr)
     fail(FDNN_ERROR_INVALID_ARGUMENT,
          "Conv_Plan_Execute: workspace is NULL; the plan needs %zu bytes", workspace_needed);
+  // The header's 64 bytes: staging buffers at 64-byte offsets in it and the vendors'
+  // scratchpads take aligned vector loads and stores there. A plan that needs none ignores it.
+  if (workspace_needed > 0 && reinterpret_cast<uintptr_t>(a.workspace) % kWorkspaceAlignment != 0)
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "Conv_Plan_Execute: workspace at %p is not %zu-byte aligned, as the header asks", a.workspace,
+         kWorkspaceAlignment);
+}
+
+void check_pack_args(const FDNN_Conv_Plan_Pack_Weights_Args& a, int32_t op, size_t element_size) {
+  if (op != FDNN_CONV_FORWARD)
+    fail(FDNN_ERROR_INVALID_ARGUMENT,
+         "Conv_Plan_Pack_Weights: the plan is %s; only a forward plan packs its weights",
+         op_name(op));
+  if (a.w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Pack_Weights: w is NULL");
+  check_aligned(a.w, element_size, "Conv_Plan_Pack_Weights", "w");
+}
+
+void check_compute_type_served(const FDNN_Conv_Plan_Create_Args& a, const char* shim) {
+  const FDNN_DLDataType c = a.compute_type;
+  if (c.code == 0 && c.bits == 0) return;  // the vendor default (form: check_conv_problem)
+  const bool wide64 = a.x->dtype.code == FDNN_DTYPE_FLOAT && a.x->dtype.bits == 64;
+  if (c.code == FDNN_DTYPE_FLOAT && c.bits == (wide64 ? 64 : 32)) return;
+  fail(FDNN_ERROR_UNSUPPORTED, "%s accumulates %s in %s only, not in %s (compute_type)", shim,
+       dtype_name(a.x->dtype), wide64 ? "float64" : "float32", dtype_name(c));
+}
+
+void fail_unknown_algo(const FDNN_Conv_Plan_Create_Args& a, const char* shim, const char* why) {
+  fail(FDNN_ERROR_INVALID_ARGUMENT,
+       "%s: algo_id %lld names none of its algorithms (FDNN_ALGO_GIVEN takes an id the shim "
+       "returned): %s; %s",
+       shim, static_cast<long long>(a.algo_id), why, describe_problem(a).c_str());
+}
+
+void fail_algo_cannot_compute(const FDNN_Conv_Plan_Create_Args& a, const char* shim,
+                              const char* why) {
+  fail(FDNN_ERROR_UNSUPPORTED, "%s: algorithm %lld cannot compute this problem here: %s; %s",
+       shim, static_cast<long long>(a.algo_id), why, describe_problem(a).c_str());
 }
 
 namespace {

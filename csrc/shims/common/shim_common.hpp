@@ -131,6 +131,13 @@ void check_conv_problem(const FDNN_Conv_Plan_Create_Args& a, int32_t device_type
                         int32_t num_devices);
 void check_conv_problem(const FDNN_Conv_Plan_Create_Args& a, int32_t device_type);
 
+// The first dim (by index) of t whose stride makes elements overlap, else -1: its dims of
+// size > 1, ordered by stride, must each step past all elements of the dims inside them (a
+// zero stride on such a dim overlaps). Valid on a tensor the op only reads (a broadcast, a
+// sliding window); check_conv_problem refuses it on a tensor the op writes. Needs shape and
+// strides checked (check_conv_problem does).
+int overlapping_dim(const FDNN_DLTensor& t);
+
 // Overflow-checked arithmetic: true when the exact result does not fit (then *out is
 // unspecified).
 bool checked_mul(int64_t a, int64_t b, int64_t* out);
@@ -176,6 +183,24 @@ size_t span_bytes(const FDNN_DLTensor* t);  // 0 for no tensor (bias of ndim 0)
 // header: workspace_size <= workspace_limit), whichever way the shim found it.
 void check_workspace_within_limit(size_t workspace_size, const FDNN_Conv_Plan_Create_Args& a,
                                   const char* shim);
+
+// UNSUPPORTED, naming `shim`, unless compute_type is the default or the accumulation type
+// every CPU shim computes in: float64 for float64 inputs, float32 otherwise. (Its form --
+// lanes 1, whole bytes -- is check_conv_problem's: INVALID_ARGUMENT.) A shim that accumulates
+// in more types (cuDNN: float16 for float16) checks its own list instead.
+void check_compute_type_served(const FDNN_Conv_Plan_Create_Args& a, const char* shim);
+
+// FDNN_ALGO_GIVEN with an algo_id that names none of this shim's algorithms (outside its
+// ids; for a vendor's own ids, one naming no engine or solution the vendor offers for this
+// problem: stale or foreign): the caller broke the header's rule, INVALID_ARGUMENT.
+[[noreturn]] void fail_unknown_algo(const FDNN_Conv_Plan_Create_Args& a, const char* shim,
+                                    const char* why);
+
+// FDNN_ALGO_GIVEN with an algo_id naming one of this shim's algorithms that cannot compute
+// this problem here: UNSUPPORTED, as for any valid problem a shim cannot serve, so that a
+// caller with several shims passes it on (flux_dnn's core does, with a user's algorithm id).
+[[noreturn]] void fail_algo_cannot_compute(const FDNN_Conv_Plan_Create_Args& a,
+                                           const char* shim, const char* why);
 
 // ------------------------------------------------------------------------------------------
 // Capabilities
@@ -241,11 +266,20 @@ struct NeededPointers {
   bool x = false, w = false, y = false, bias = false;
 };
 
+// The header's alignment of a workspace (Conv_Plan_Execute_Args.workspace).
+constexpr size_t kWorkspaceAlignment = 64;
+
 // Conv_Plan_Execute's own arguments after plan_of: the needed data pointers not NULL, every
 // data pointer aligned to the element size, a workspace of at least `workspace_needed` bytes,
-// not NULL when that is above 0.
+// not NULL and kWorkspaceAlignment-aligned when that is above 0 (a plan that needs none
+// ignores the pointer, whatever it is).
 void check_execute_args(const FDNN_Conv_Plan_Execute_Args& a, size_t element_size,
                         size_t workspace_needed, NeededPointers needed = {});
+
+// Conv_Plan_Pack_Weights' own arguments after plan_of, for a plan of `op`: a FORWARD plan
+// only (packing another is INVALID_ARGUMENT: the header's "a FORWARD plan of this shim"), w
+// not NULL and aligned to the element size.
+void check_pack_args(const FDNN_Conv_Plan_Pack_Weights_Args& a, int32_t op, size_t element_size);
 
 // Whether this process is a child made by fork() after the shim was loaded.
 bool in_forked_child();

@@ -864,6 +864,8 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
   fdnn_shim::check_conv_problem(a, FDNN_DEVICE_ROCM);
   require_device(a.x->device.device_id);
   fdnn_shim::check_covered(a, capabilities(a.op, a.x->dtype), "miopen");
+  // Immediate mode takes no accumulation type: MIOpen's own, float32 (as the CPU shims').
+  fdnn_shim::check_compute_type_served(a, "miopen");
   std::unique_ptr<FDNN_Plan> plan;
   with_problem(fdnn_shim::describe_problem(a), [&] {
     DeviceGuard guard(a.x->device.device_id);

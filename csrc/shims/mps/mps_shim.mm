@@ -111,9 +111,7 @@ FDNN_Error* conv_capabilities(FDNN_Conv_Capabilities_Args* args) {
 void check_policy(const FDNN_Conv_Plan_Create_Args& a) {
   // MPSGraph picks its kernels itself: one algorithm, id 0, whatever the policy.
   if (a.algo_policy == FDNN_ALGO_GIVEN && a.algo_id != 0)
-    fail(FDNN_ERROR_UNSUPPORTED,
-         "MPS shim: algo_id %lld was not returned by this shim (MPSGraph has one algorithm, 0)",
-         static_cast<long long>(a.algo_id));
+    fdnn_shim::fail_unknown_algo(a, "the MPS shim", "MPSGraph has one algorithm, 0");
 }
 
 FDNN_Error* plan_create(FDNN_Conv_Plan_Create_Args* args) {
@@ -173,6 +171,9 @@ FDNN_Error* plan_execute(FDNN_Conv_Plan_Execute_Args* args) {
   return guarded([&] {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Execute_Args_STRUCT_SIZE, "Conv_Plan_Execute");
     MpsPlan& plan = const_cast<MpsPlan&>(fdnn_shim::plan_of<MpsPlan>(args->plan, "Conv_Plan_Execute"));
+    // The shared rules: every buffer the op reads or writes given. Element size 1: `data` is
+    // an object here, its offset's alignment is buffers_of's; no workspace is ever needed.
+    fdnn_shim::check_execute_args(*args, 1, 0, {true, true, true, plan.problem.bias.present});
     const Buffers buffers = buffers_of(*args, plan.problem);
     // The caller's MTLCommandQueue when it gives one, else the shim's own.
     id<MTLCommandQueue> queue =

@@ -128,20 +128,33 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
   // oneDNN's kernels set up in int (products of dims included: a SIGFPE or a hang beyond it),
   // so no tensor's element count or span, and no spatial parameter, may exceed INT32_MAX.
   fdnn_shim::check_vendor_int_range(a, INT32_MAX, "oneDNN");
-  if (a.compute_type.bits != 0 &&
-      !(a.compute_type.code == FDNN_DTYPE_FLOAT && a.compute_type.bits == 32))
-    fail(FDNN_ERROR_UNSUPPORTED, "oneDNN accumulates in float32 only");
+  fdnn_shim::check_compute_type_served(a, "the oneDNN shim");
   if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id > fdnn_onednn::kIm2colGemmAlgo))
-    fail(FDNN_ERROR_INVALID_ARGUMENT, "algo_id %lld is not a oneDNN shim algorithm (0 to %lld)",
-         static_cast<long long>(a.algo_id), static_cast<long long>(fdnn_onednn::kIm2colGemmAlgo));
+    fdnn_shim::fail_unknown_algo(a, "the oneDNN shim", "its algorithms are 0 to 8");
 }
 
 // ------------------------------------------------------------------------------------------
 // Memory descriptors
 
 memory::dims dims_of(const FDNN_DLTensor* t) { return memory::dims(t->shape, t->shape + t->ndim); }
+
+// Whether the caller's strides make elements overlap (a read tensor: a broadcast, a sliding
+// window). oneDNN's memory descriptors refuse such strides ("could not construct a memory
+// descriptor using strides"), so the shim gathers the tensor into a compact copy in the
+// workspace first (Operand::gathered) and oneDNN sees that copy.
+bool overlaps(const FDNN_DLTensor* t) { return fdnn_shim::overlapping_dim(*t) >= 0; }
+
+// The strides oneDNN sees of a caller's tensor: its own, or the compact row-major ones of its
+// gathered copy.
 memory::dims strides_of(const FDNN_DLTensor* t) {
-  return memory::dims(t->strides, t->strides + t->ndim);
+  if (!overlaps(t)) return memory::dims(t->strides, t->strides + t->ndim);
+  memory::dims compact(static_cast<size_t>(t->ndim));
+  int64_t step = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    compact[static_cast<size_t>(i)] = step;
+    step *= t->shape[i];
+  }
+  return compact;
 }
 
 // The caller's weights (K, C/g, *k) seen as oneDNN's grouped weights (g, K/g, C/g, *k).
@@ -205,6 +218,13 @@ struct Operand {
   size_t wide_offset = 0;
   size_t elements = 0;
   float narrow_alpha = 1.f;  // alpha the narrowing applies (backward ops: forward has it fused)
+  // A read operand whose caller's strides overlap (see overlaps): copied element by element
+  // into a compact row-major buffer at `gather_offset` in the workspace before anything
+  // reads it; everything after (widening, staging reorder, the primitive) reads that copy.
+  bool gathered = false;
+  size_t gather_offset = 0;
+  std::vector<int64_t> caller_shape, caller_strides;  // the caller's layout, for the gather
+  size_t element_bytes = 0;
 };
 
 uint64_t next_plan_id() {
@@ -528,10 +548,27 @@ size_t widen_operand(const FDNN_Conv_Plan_Create_Args& a, Operand& o, size_t off
   return offset + align64(o.elements * sizeof(float));
 }
 
+// Makes `o` a gathered operand (see Operand) when the caller's strides overlap; returns the
+// workspace offset after its compact copy.
+size_t gather_operand(const FDNN_Conv_Plan_Create_Args& a, Operand& o, size_t offset) {
+  const FDNN_DLTensor* tensors[4] = {a.x, a.w, a.y, a.bias};
+  const FDNN_DLTensor* t = tensors[o.slot];
+  if (o.output || !overlaps(t)) return offset;  // (written tensors never overlap: the header)
+  o.gathered = true;
+  o.gather_offset = offset;
+  o.caller_shape.assign(t->shape, t->shape + t->ndim);
+  o.caller_strides.assign(t->strides, t->strides + t->ndim);
+  o.element_bytes = fdnn_shim::element_bytes(t->dtype);
+  size_t elements = 1;
+  for (int64_t d : o.caller_shape) elements *= static_cast<size_t>(d);
+  return offset + align64(elements * o.element_bytes);
+}
+
 // Creates the reorders and places the staging buffers after the scratchpad.
 void stage_operands(const FDNN_Conv_Plan_Create_Args& a, bool outputs_accumulate, Plan& plan) {
   size_t offset = align64(plan.scratchpad_size);
   for (Operand& o : plan.operands) {
+    offset = gather_operand(a, o, offset);
     offset = widen_operand(a, o, offset);
     if (o.widened) {  // alpha and beta are the narrowing's; a reorder only relays out
       o.staged = o.prim_md != o.wide_md;
@@ -907,6 +944,37 @@ void narrow(const Operand& o, const float* wide, void* user, float beta) {
   }
 }
 
+// The gathered copy of an operand (see Operand::gathered): the caller's elements in row-major
+// order, each read through the caller's strides, over the OpenMP team for large tensors.
+template <class E>
+void gather_as(const Operand& o, const E* from, E* to) {
+  constexpr int kDims = FDNN_MAX_SPATIAL_DIMS + 2;
+  int64_t shape[kDims], strides[kDims];
+  const int lead = kDims - static_cast<int>(o.caller_shape.size());
+  for (int i = 0; i < kDims; ++i) {  // leading dims of 1 up to kDims
+    shape[i] = i < lead ? 1 : o.caller_shape[static_cast<size_t>(i - lead)];
+    strides[i] = i < lead ? 0 : o.caller_strides[static_cast<size_t>(i - lead)];
+  }
+  const int64_t inner = shape[1] * shape[2] * shape[3] * shape[4];
+#pragma omp parallel for if (shape[0] * inner > static_cast<int64_t>(kConvertChunk))
+  for (int64_t i0 = 0; i0 < shape[0]; ++i0) {
+    E* out = to + i0 * inner;
+    for (int64_t i1 = 0; i1 < shape[1]; ++i1)
+      for (int64_t i2 = 0; i2 < shape[2]; ++i2)
+        for (int64_t i3 = 0; i3 < shape[3]; ++i3) {
+          const E* row = from + i0 * strides[0] + i1 * strides[1] + i2 * strides[2] + i3 * strides[3];
+          for (int64_t i4 = 0; i4 < shape[4]; ++i4) *out++ = row[i4 * strides[4]];
+        }
+  }
+}
+
+void gather(const Operand& o, const void* from, void* to) {
+  if (o.element_bytes == 2)
+    gather_as(o, static_cast<const uint16_t*>(from), static_cast<uint16_t*>(to));
+  else
+    gather_as(o, static_cast<const uint32_t*>(from), static_cast<uint32_t*>(to));
+}
+
 void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
   TeamSize team(plan.threads);
   if (plan.gemm) {
@@ -921,8 +989,13 @@ void execute_plan(const Plan& plan, void* const pointers[4], char* workspace) {
     if (o.packed) continue;
     if (pointers[o.slot] == nullptr)
       fail(FDNN_ERROR_INVALID_ARGUMENT, "a data pointer the plan needs is NULL");
-    void* outer = o.widened ? workspace + o.wide_offset : pointers[o.slot];
-    if (o.widened && !o.output) widen(o, pointers[o.slot], static_cast<float*>(outer));
+    void* caller = pointers[o.slot];
+    if (o.gathered) {
+      gather(o, caller, workspace + o.gather_offset);
+      caller = workspace + o.gather_offset;
+    }
+    void* outer = o.widened ? workspace + o.wide_offset : caller;
+    if (o.widened && !o.output) widen(o, caller, static_cast<float*>(outer));
     if (!o.staged) {
       b.conv[o.arg].set_data_handle(outer);
       continue;
@@ -1022,11 +1095,23 @@ bool takes_small_path(const FDNN_Conv_Plan_Create_Args& a) {
 
 // The given algorithm id 8: the small-problem path at any size, where it can compute it.
 Plan given_im2col_gemm_plan(const FDNN_Conv_Plan_Create_Args& a) {
-  if (const char* why = fdnn_onednn::im2col_gemm_refusal(a))
-    fail(FDNN_ERROR_UNSUPPORTED, "algorithm %lld (%s) cannot compute this problem: %s; %s",
-         static_cast<long long>(fdnn_onednn::kIm2colGemmAlgo), fdnn_onednn::kIm2colGemmName, why,
-         fdnn_shim::describe_problem(a).c_str());
+  if (const char* why = fdnn_onednn::im2col_gemm_refusal(a)) {
+    const std::string text = std::string(fdnn_onednn::kIm2colGemmName) + ": " + why;
+    fdnn_shim::fail_algo_cannot_compute(a, "the oneDNN shim", text.c_str());
+  }
   return im2col_gemm_plan(a);
+}
+
+// The given algorithm 0 to 7 (layouts, converted or not); UNSUPPORTED where oneDNN has no
+// implementation of those layouts for this problem.
+Plan given_layouts_plan(const FDNN_Conv_Plan_Create_Args& a) {
+  try {
+    return make_plan(a, a.algo_id);
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_unimplemented) throw;
+    fdnn_shim::fail_algo_cannot_compute(a, "the oneDNN shim",
+                                        "oneDNN has no implementation of its layouts here");
+  }
 }
 
 // The plan of the policy: the given algorithm, the fastest candidate within workspace_limit,
@@ -1034,7 +1119,7 @@ Plan given_im2col_gemm_plan(const FDNN_Conv_Plan_Create_Args& a) {
 Plan policy_plan(const FDNN_Conv_Plan_Create_Args& a) {
   if (a.algo_policy == FDNN_ALGO_GIVEN)
     return a.algo_id == fdnn_onednn::kIm2colGemmAlgo ? given_im2col_gemm_plan(a)
-                                                     : make_plan(a, a.algo_id);
+                                                     : given_layouts_plan(a);
   if (takes_small_path(a)) {
     Plan plan = im2col_gemm_plan(a);
     if (plan.workspace_size <= a.workspace_limit) return plan;
@@ -1153,11 +1238,7 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
     fdnn_shim::check_struct_size(args, FDNN_Conv_Plan_Pack_Weights_Args_STRUCT_SIZE,
                                  "Conv_Plan_Pack_Weights");
     const Plan& source = fdnn_shim::plan_of<Plan>(args->plan, "Conv_Plan_Pack_Weights");
-    if (source.op != FDNN_CONV_FORWARD)
-      fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Pack_Weights: the plan is %s; only a forward "
-           "plan packs its weights", fdnn_shim::op_name(source.op));
-    if (args->w == nullptr) fail(FDNN_ERROR_INVALID_ARGUMENT, "Conv_Plan_Pack_Weights: w is NULL");
-    fdnn_shim::check_aligned(args->w, source.element_size, "Conv_Plan_Pack_Weights", "w");
+    fdnn_shim::check_pack_args(*args, source.op, source.element_size);
     auto packed = std::make_unique<Plan>(source);
     packed->id = next_plan_id();
     if (source.gemm) {  // the small-problem path: a dense K x R copy its sgemm reads
@@ -1170,7 +1251,14 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
       void* buffer = std::aligned_alloc(64, bytes);
       if (buffer == nullptr) throw std::bad_alloc();
       o.packed = std::shared_ptr<void>(buffer, std::free);
-      memory user(o.user_md, cpu_engine(), const_cast<void*>(args->w));
+      std::vector<char> compact;  // the gathered copy of weights whose strides overlap
+      void* w = const_cast<void*>(args->w);
+      if (o.gathered) {
+        compact.resize(o.user_md.get_size());
+        gather(o, w, compact.data());
+        w = compact.data();
+      }
+      memory user(o.user_md, cpu_engine(), w);
       memory mine(o.prim_md, cpu_engine(), buffer);
       try {
         fdnn_shim::on_fork_safe_thread([&] {
@@ -1183,6 +1271,7 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
       }
       o.staged = false;
       o.widened = false;
+      o.gathered = false;
     }
     packed->name += " [packed weights]";
     args->workspace_size = packed->workspace_size;
