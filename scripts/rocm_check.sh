@@ -14,7 +14,7 @@
 #               to build/rocm-check/miopen-{db,cache} (a warm cache for the next run)
 # NOT RUN YET on an AMD GPU: none was reachable when it was written.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 dry_run=0
 [ "${1:-}" = "--dry-run" ] && dry_run=1
 out=build/rocm-check
@@ -43,12 +43,12 @@ gpu=$("$py" - 2>&1 <<'EOF'
 try:
     import torch
 except ImportError:
-    print("NO: torch is not installed (PyTorch for ROCm is needed)")
+    print("NO: no AMD GPU usable here: torch is not installed (PyTorch for ROCm is needed)")
     raise SystemExit
 if not getattr(torch.version, "hip", None):
-    print(f"NO: torch {torch.__version__} is not a ROCm build (torch.version.hip is None)")
+    print(f"NO: no AMD GPU usable here: torch {torch.__version__} is not a ROCm build (torch.version.hip is None)")
 elif not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-    print(f"NO: no AMD GPU: torch {torch.__version__} (HIP {torch.version.hip}) sees none")
+    print(f"NO: no AMD GPU here: torch {torch.__version__} (HIP {torch.version.hip}) sees none")
 else:
     p = torch.cuda.get_device_properties(0)
     print(f"YES: {p.name} ({getattr(p, 'gcnArchName', '?')}), torch {torch.__version__}, HIP {torch.version.hip}")
@@ -59,7 +59,7 @@ case "$gpu" in
   *) fail_row "AMD GPU" "${gpu#NO: }" ;;
 esac
 if [ "$dry_run" = 1 ]; then
-  row "dry run" done "would build flux_dnn and flux-dnn-rocm in $out/venv, record the loaded libraries, run the suites"
+  row "dry run" "done" "would build flux_dnn and flux-dnn-rocm in $out/venv, record the loaded libraries, run the suites"
   finish
 fi
 [ "$failed" = 1 ] && finish
