@@ -61,6 +61,7 @@ __all__ = [
     "conv_transpose",
     "conv_general_dilated",
     "ffi_available",
+    "EXPORT_CHECKS",
 ]
 
 _DTYPES = DTYPES  # float64 needs jax_enable_x64
@@ -216,6 +217,13 @@ _DEFAULT_OPTIONS = ConvOptions()
 _FFI_TARGET = "flux_dnn_conv_general"
 _FFI_SYMBOLS = {"cpu": "FluxDnnConvGeneral", "cuda": "FluxDnnConvGeneralCuda"}
 
+#: What ``jax.export.export(fn, disabled_checks=flux_dnn.jax.EXPORT_CHECKS)`` needs to save a
+#: program that calls flux_dnn: jax.export refuses custom calls it does not know to be stable.
+#: flux_dnn keeps this one stable: its attributes change only with a new target name, and the
+#: shim is named by registered name and ABI major, resolved where the program runs (a process
+#: that runs it imports flux_dnn.jax and calls ffi_available(), which registers the handler).
+EXPORT_CHECKS = (jax.export.DisabledSafetyCheck.custom_call(_FFI_TARGET),)
+
 
 def _ffi_library() -> str:
     """FLUX_DNN_JAX_FFI, else the handler built into flux_dnn, else the flux-dnn-jax wheel's."""
@@ -258,7 +266,6 @@ def ffi_available() -> bool:
         except (OSError, AttributeError) as exc:
             _ffi_state.update(ok=False, reason=f"{_FFI_LIBRARY}: {exc} (a flux-dnn-jax older than flux_dnn?)")
             return False
-        _register_shims(REGISTRY._discover())
         if _cuda_devices():
             try:  # a handler library built without CUDA support: CPU still works
                 capsule = jax.ffi.pycapsule(getattr(lib, _FFI_SYMBOLS["cuda"]))
@@ -266,14 +273,23 @@ def ffi_available() -> bool:
                 _ffi_state["platforms"].append("cuda")
             except AttributeError as exc:
                 _ffi_state["cuda_reason"] = f"{_FFI_LIBRARY} has no CUDA handler: {exc}"
+        _register_shims()
     return _ffi_state["ok"]
 
 
-def _register_shims(entries) -> None:
-    """name -> library path of each shim, for the handler (which keeps a name's first path)."""
+def _register_shims() -> None:
+    """Loads the shims of the handler's platforms (each with its vendor library's preload,
+    which a bare dlopen by the handler would miss) and tells the handler where they lie: a
+    program deserialized from jax.export names them without ever tracing here."""
+    for platform in _ffi_state["platforms"]:
+        usable, _ = REGISTRY.usable_for(_SHIM_DEVICE[platform], loud=False)
+        _register(usable)
+
+
+def _register(entries) -> None:
+    """name -> library path of loaded shims, for the handler (which keeps a name's first path)."""
     for entry in entries:
-        if entry.spec is not None and entry.path:
-            _ffi_state["lib"].FluxDnnJaxRegisterShim(entry.name.encode(), os.fsencode(entry.path))
+        _ffi_state["lib"].FluxDnnJaxRegisterShim(entry.name.encode(), os.fsencode(entry.path))
 
 
 # "ffi" or "callback"; None picks the FFI handler when it is available. Tests set it.
@@ -290,7 +306,7 @@ def _shim_name(platform, dtype) -> str:
     DeviceUnavailableError with the reason when it cannot work here, TypeError when no shim
     there computes the dtype."""
     entry = REGISTRY.shim_for(_SHIM_DEVICE[platform], str(dtype))
-    _register_shims([entry])  # a shim named by path in FLUX_DNN_SHIMS has its name now
+    _register([entry])
     return entry.name
 
 
