@@ -260,3 +260,140 @@ def test_trace_time_shapes_ask_no_shim():
     assert out.stdout.splitlines() == ["(2, 4, 4, 5)", "(2, 6, 19, 15)", "(6, 3, 4, 5)", "ValueError groups"], (
         out.stdout
     )
+
+
+def lax_general(*args, **kwargs):
+    return jax.lax.conv_general_dilated(*args, precision=jax.lax.Precision.HIGHEST, **kwargs)
+
+
+# (lhs shape, rhs shape, keyword arguments of conv_general_dilated) beyond JAX's grid: 1-D and
+# 3-D, any dimension order, negative padding with lhs dilation and strides, batch groups with
+# lhs dilation, a 0-D convolution (a matrix product).
+GENERAL_CASES = [
+    ((2, 3, 11), (4, 3, 3), dict(window_strides=(3,), padding=((-2, 4),), lhs_dilation=(2,), rhs_dilation=(2,))),
+    (
+        (6, 4, 3, 5, 2),
+        (3, 2, 2, 2, 4),
+        dict(
+            window_strides=(1, 2, 1),
+            padding=((1, 0), (2, -1), (0, 3)),
+            lhs_dilation=(2, 1, 1),
+            batch_group_count=2,
+            dimension_numbers=("NHWDC", "DHWIO", "CNHWD"),
+        ),
+    ),
+    (
+        (3, 2, 9, 8),
+        (1, 6, 3, 2),
+        dict(
+            window_strides=(2, 1),
+            padding=((3, -2), (0, 1)),
+            lhs_dilation=(3, 2),
+            feature_group_count=3,
+            dimension_numbers=("CNHW", "IOHW", "HWNC"),
+        ),
+    ),
+    ((5, 6), (6, 4), dict(window_strides=(), padding=(), dimension_numbers=("NC", "IO", "NC"))),
+]
+
+
+@pytest.mark.parametrize("case", GENERAL_CASES, ids=lambda c: f"{len(c[0]) - 2}d-{sorted(c[2])}")
+def test_conv_general_dilated_beyond_the_grid(case, rng):
+    lhs_shape, rhs_shape, kw = case
+    lhs, rhs = randn(rng, *lhs_shape), randn(rng, *rhs_shape)
+    check_grads(lambda a, b: fj.conv_general_dilated(a, b, **kw), lambda a, b: lax_general(a, b, **kw), (lhs, rhs), rng)
+
+
+def test_conv_general_dilated_vmap_and_second_order(rng):
+    """vmap over lhs, over rhs and over both, and the gradient of a gradient, of a
+    fractionally strided, batch-grouped problem."""
+    kw = dict(window_strides=(1, 2), padding=((2, 1), (1, 1)), lhs_dilation=(2, 1), batch_group_count=2)
+    flux = lambda a, b: fj.conv_general_dilated(a, b, **kw)  # noqa: E731
+    ref = lambda a, b: lax_general(a, b, **kw)  # noqa: E731
+    lhs, rhs = randn(rng, 3, 4, 2, 6, 7), randn(rng, 3, 6, 2, 3, 2)
+    for axes in [(0, None), (None, 0), (0, 0)]:
+        a, b = (lhs if axes[0] == 0 else lhs[0]), (rhs if axes[1] == 0 else rhs[0])
+        close(jax.jit(jax.vmap(flux, axes))(a, b), jax.vmap(ref, axes)(a, b), f"vmap {axes}")
+    second = lambda fn: jax.grad(lambda b: jnp.sum(jax.grad(lambda a: jnp.sum(fn(a, b) ** 2))(lhs[0]) ** 2))  # noqa: E731
+    close(jax.jit(second(flux))(rhs[0]), second(ref)(rhs[0]), "gradient of a gradient")
+
+
+def test_conv_general_dilated_zero_size_arrays(rng):
+    """Zero-size dims give lax's shape: an empty result, or zeros when the padding is wider
+    than the kernel (nothing is summed); gradients are zeros of the arguments' shapes."""
+    rhs = randn(rng, 3, 2, 4, 5)
+    for lhs_shape, padding, want in [
+        ((2, 2, 9, 0), ((10, 8), (7, 13)), (2, 3, 24, 16)),
+        ((2, 2, 9, 0), ((1, 2), (2, 0)), (2, 3, 9, 0)),
+        ((0, 2, 9, 10), ((1, 2), (2, 0)), (0, 3, 9, 8)),
+    ]:
+        lhs = randn(rng, *lhs_shape)
+        f = lambda a, b, padding=padding: fj.conv_general_dilated(a, b, (1, 1), padding)  # noqa: E731
+        y = jax.jit(f)(lhs, rhs)
+        assert y.shape == want == lax_general(lhs, rhs, (1, 1), padding).shape
+        assert not jnp.any(y)
+        grads = jax.grad(lambda a, b, f=f: jnp.sum(f(a, b)), (0, 1))(lhs, rhs)
+        assert grads[0].shape == lhs.shape and grads[1].shape == rhs.shape and not jnp.any(grads[1])
+
+
+def test_conv_general_dilated_preferred_element_type(rng):
+    """bfloat16 inputs with a float32 result: accumulated in float32 from the exact inputs,
+    far closer to the float64 result than a bfloat16 result could be."""
+    lhs, rhs = randn(rng, 2, 8, 9, 9).astype(jnp.bfloat16), randn(rng, 4, 8, 3, 3).astype(jnp.bfloat16)
+    kw = dict(window_strides=(1, 1), padding="SAME", preferred_element_type=jnp.float32)
+    y = jax.jit(lambda a, b: fj.conv_general_dilated(a, b, **kw))(lhs, rhs)
+    assert y.dtype == jnp.float32
+    close(y, lax_general(lhs.astype(jnp.float32), rhs.astype(jnp.float32), (1, 1), "SAME"), "float32 result")
+    half = fj.conv_general_dilated(lhs.astype(jnp.float16), rhs.astype(jnp.float16), (1, 1), "SAME")
+    assert half.dtype == jnp.float16
+    with pytest.raises(TypeError, match="narrower"):  # lax's own refusal
+        fj.conv_general_dilated(lhs.astype(jnp.float32), rhs.astype(jnp.float32), (1, 1), "SAME",
+                                preferred_element_type=jnp.bfloat16)  # fmt: skip
+
+
+def ffi_attributes(fn, *args):
+    """The attributes of the flux_dnn custom calls of jit(fn) (the FFI path)."""
+    import re
+
+    text = jax.jit(fn).lower(*args).as_text()
+    return re.findall(rf"custom_call @{fj._FFI_TARGET}\(.*?\) \{{(.*?)\}} :", text)
+
+
+def test_precision_and_options_reach_the_call(backend, rng):
+    """lax's precision and jax.default_matmul_precision("highest") ask for full float32 math
+    (the flags without ALLOW_REDUCED_PRECISION); other precisions keep the device's default
+    (flags -1); explicit options (issue 29) win. On the callback path, the same options reach
+    flux_dnn's ops as keywords."""
+    from flux_dnn import _core
+    from flux_dnn._options import ConvOptions
+
+    assert fj._keywords(ConvOptions(algorithm="benchmark", deterministic=True)) == {
+        "algorithm": "benchmark",
+        "deterministic": True,
+    }
+    assert fj._precision_allows_reduced(jax.lax.Precision.HIGHEST) is False
+    assert fj._precision_allows_reduced((jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST)) is False
+    assert fj._precision_allows_reduced(jax.lax.Precision.DEFAULT) is None
+    with jax.default_matmul_precision("float32"):
+        assert fj._precision_allows_reduced(None) is False
+    if backend != "ffi":
+        return
+    x, w = randn(rng, 2, 3, 8, 8), randn(rng, 4, 3, 3, 3)
+    cases = [
+        (dict(), "flags = -1", "algo_policy = 0"),
+        (dict(precision=jax.lax.Precision.DEFAULT), "flags = -1", "algo_policy = 0"),
+        (dict(precision=jax.lax.Precision.HIGHEST), "flags = 0", "algo_policy = 0"),
+        (dict(allow_reduced_precision=True), f"flags = {_core.CONV_ALLOW_REDUCED_PRECISION}", "algo_policy = 0"),
+        (dict(deterministic=True, algorithm="benchmark"), f"flags = {_core.CONV_DETERMINISTIC}", "algo_policy = 1"),
+    ]
+    for kw, flags, policy in cases:
+        call = lambda x, w, kw=kw: fj.conv_general_dilated(x, w, (1, 1), "SAME", **kw)  # noqa: E731
+        for attributes in ffi_attributes(call, x, w):
+            assert f"{flags} :" in attributes and f"{policy} :" in attributes, (kw, attributes)
+    with jax.default_matmul_precision("highest"):
+        (attributes,) = ffi_attributes(lambda x, w: fj.conv_general_dilated(x, w, (1, 1), "SAME"), x, w)
+        assert "flags = 0 :" in attributes
+    (attributes,) = ffi_attributes(lambda x, w: fj.conv(x, w, algorithm=3, deterministic=True), x, w)
+    assert "algo_id = 3 :" in attributes and "algo_policy = 2 :" in attributes
+    y = jax.jit(lambda x, w: fj.conv(x, w, padding=1, deterministic=True, algorithm="benchmark"))(x, w)
+    close(y, lax_conv(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 1), "deterministic, benchmarked")
