@@ -84,12 +84,99 @@ def _pairs(lo, hi):
     return tuple(zip(lo, hi))  # hashable, like every argument below: flux_dnn then memoises the call
 
 
-# The kernels' flux_dnn options by (deterministic, bias_grad), made once (not per call).
+# ------------------------------------------------------------------------------------------
+# Options. A call's flux_dnn options travel through the kernels (and the custom operators'
+# schemas) as one int, `policy`: DETERMINISTIC | BENCHMARK | REDUCED_OFF or REDUCED_ON (neither:
+# the device's default). They come from the explicit options of the function or module, else
+# from PyTorch's own flags, read at each call (a few attribute reads):
+#   CUDA and ROCm tensors: torch.backends.cudnn.benchmark (algorithm="benchmark"),
+#     .deterministic or torch.use_deterministic_algorithms (deterministic=True), and on CUDA
+#     .allow_tf32 = False (allow_reduced_precision=False; PyTorch applies the cudnn flags to
+#     MIOpen too, and TF32 has no ROCm meaning);
+#   CPU tensors: torch.use_deterministic_algorithms or torch.backends.mkldnn.deterministic,
+#     and torch.backends.mkldnn.conv.fp32_precision = "bf16" (or inherited from
+#     mkldnn.fp32_precision / torch.backends.fp32_precision), which lets oneDNN compute float32
+#     convolutions in bfloat16 (allow_reduced_precision=True). torch.set_float32_matmul_precision
+#     governs matmuls only, in PyTorch as here.
+# Under torch.compile the flags are read when the graph is compiled.
+
+DETERMINISTIC, BENCHMARK, REDUCED_OFF, REDUCED_ON = 1, 2, 4, 8
+
+
+def _options_of(policy: int, bias_grad: bool):
+    reduced = {REDUCED_OFF: False, REDUCED_ON: True}.get(policy & (REDUCED_OFF | REDUCED_ON))
+    kwargs = {
+        "deterministic": bool(policy & DETERMINISTIC),
+        "algorithm": "benchmark" if policy & BENCHMARK else "heuristic",
+        "allow_reduced_precision": reduced,
+        "bias_grad": bias_grad,
+    }
+    return options("conv_backward_weight", kwargs)[0]
+
+
+# The kernels' flux_dnn options by (policy, bias_grad), made once (not per call).
 _OPTIONS = {
-    (det, bias_grad): options("conv_backward_weight", {"deterministic": det, "bias_grad": bias_grad})[0]
-    for det in (False, True)
+    (d | b | r, bias_grad): _options_of(d | b | r, bias_grad)
+    for d in (0, DETERMINISTIC)
+    for b in (0, BENCHMARK)
+    for r in (0, REDUCED_OFF, REDUCED_ON)
     for bias_grad in (False, True)
 }
+
+
+def _cpu_fp32_precision() -> str:
+    """The float32 precision PyTorch's oneDNN convolutions use: mkldnn.conv's, else inherited."""
+    backends = torch.backends
+    for level in (backends.mkldnn.conv, backends.mkldnn, backends):
+        value = getattr(level, "fp32_precision", "none")
+        if value != "none":
+            return value
+    return "none"
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads the flags when it compiles
+def _flags(device_type: str) -> tuple:
+    """(deterministic, benchmark, allow_reduced_precision) as PyTorch's flags set them for a
+    device type."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if device_type == "cpu":
+        reduced = True if _cpu_fp32_precision() == "bf16" else None
+        return deterministic or torch.backends.mkldnn.deterministic, False, reduced
+    cudnn = torch.backends.cudnn
+    reduced = None if (torch.version.hip or cudnn.allow_tf32) else False
+    return deterministic or cudnn.deterministic, cudnn.benchmark, reduced
+
+
+def _policy(x: Tensor, explicit: tuple) -> int:
+    """The policy of a call on x's device: explicit (algorithm, deterministic,
+    allow_reduced_precision), each None to follow PyTorch's flags."""
+    algorithm, deterministic, reduced = explicit
+    flag_det, flag_bench, flag_reduced = _flags(x.device.type)
+    if deterministic is None:
+        deterministic = flag_det
+    if algorithm is None:
+        algorithm = "benchmark" if flag_bench else "heuristic"
+    if reduced is None:
+        reduced = flag_reduced
+    policy = (DETERMINISTIC if deterministic else 0) | (BENCHMARK if algorithm == "benchmark" else 0)
+    return policy | ({False: REDUCED_OFF, True: REDUCED_ON}[reduced] if reduced is not None else 0)
+
+
+_FOLLOW = (None, None, None)  # every option from PyTorch's flags
+
+
+def _explicit(algorithm=None, deterministic=None, allow_reduced_precision=None) -> tuple:
+    """The explicit options, checked: each None (follow PyTorch's flags) or flux_dnn's value."""
+    if algorithm is None and deterministic is None and allow_reduced_precision is None:
+        return _FOLLOW
+    if algorithm not in (None, "heuristic", "benchmark"):
+        raise ValueError(f"algorithm: expected None (PyTorch's flags), 'heuristic' or 'benchmark', got {algorithm!r}")
+    for name, value in (("deterministic", deterministic), ("allow_reduced_precision", allow_reduced_precision)):
+        if value not in (None, True, False):
+            raise TypeError(f"{name}: expected None (PyTorch's flags), True or False, got {value!r}")
+    as_bool = lambda v: None if v is None else bool(v)  # noqa: E731
+    found = (algorithm, as_bool(deterministic), as_bool(allow_reduced_precision))
+    return _FOLLOW if found == _FOLLOW else found
 
 
 # ------------------------------------------------------------------------------------------
@@ -108,15 +195,15 @@ def _conv_impl(
     padding_hi: list[int],
     dilation: list[int],
     groups: int,
-    deterministic: bool,
+    policy: int,
 ) -> Tensor:
     x, w, bias = _dense(x), _dense(w), _dense(bias)
     padding = _pairs(padding_lo, padding_hi)
-    options = _OPTIONS[deterministic, False]
+    options = _OPTIONS[policy, False]
     return _conv.forward(x.dim() - 2, x, w, bias, tuple(stride), padding, tuple(dilation), groups, options)
 
 
-def _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, deterministic):
+def _conv_op_fake(x, w, bias, stride, padding_lo, padding_hi, dilation, groups, policy):
     sp = [
         output_size(x.shape[i + 2], w.shape[i + 2], stride[i], dilation[i], padding_lo[i], padding_hi[i])
         for i in range(x.dim() - 2)
@@ -133,17 +220,17 @@ def _bwd_data_impl(
     padding_hi: list[int],
     dilation: list[int],
     groups: int,
-    deterministic: bool,
+    policy: int,
 ) -> Tensor:
     dy, w = _dense(dy), _dense(w)
     padding = _pairs(padding_lo, padding_hi)
-    options = _OPTIONS[deterministic, False]
+    options = _OPTIONS[policy, False]
     return _conv.backward_data(
         dy.dim() - 2, dy, w, tuple(input_shape), tuple(stride), padding, tuple(dilation), groups, options
     )
 
 
-def _bwd_data_fake(dy, w, input_shape, stride, padding_lo, padding_hi, dilation, groups, deterministic):
+def _bwd_data_fake(dy, w, input_shape, stride, padding_lo, padding_hi, dilation, groups, policy):
     return _empty_like_layout(_dense(dy), input_shape)
 
 
@@ -157,20 +244,20 @@ def _bwd_weight_impl(
     dilation: list[int],
     groups: int,
     bias_grad: bool,
-    deterministic: bool,
+    policy: int,
 ) -> tuple[Tensor, Tensor]:
     """(dw, db); db is an empty tensor unless bias_grad (an op returns a fixed number of tensors)."""
     x, dy = _dense(x), _dense(dy)
     # flux_dnn allocates dw (and db) contiguous, as the fake implementation below does.
     padding = _pairs(padding_lo, padding_hi)
-    options = _OPTIONS[deterministic, bias_grad]
+    options = _OPTIONS[policy, bias_grad]
     res = _conv.backward_weight(
         x.dim() - 2, x, dy, tuple(weight_shape), tuple(stride), padding, tuple(dilation), groups, options
     )
     return (res[0], res[1]) if bias_grad else (res, dy.new_empty(0))
 
 
-def _bwd_weight_fake(x, dy, weight_shape, stride, padding_lo, padding_hi, dilation, groups, bias_grad, deterministic):
+def _bwd_weight_fake(x, dy, weight_shape, stride, padding_lo, padding_hi, dilation, groups, bias_grad, policy):
     db = dy.new_empty(weight_shape[0] if bias_grad else 0)
     return x.new_empty(weight_shape), db
 
@@ -192,16 +279,16 @@ def _conv_transpose_impl(
     output_padding: list[int],
     dilation: list[int],
     groups: int,
-    deterministic: bool,
+    policy: int,
 ) -> Tensor:
     x, w, bias = _dense(x), _dense(w), _dense(bias)
-    options = _OPTIONS[deterministic, False]
+    options = _OPTIONS[policy, False]
     return _conv.transpose(
         x.dim() - 2, x, w, bias, tuple(stride), tuple(padding), tuple(output_padding), groups, tuple(dilation), options
     )
 
 
-def _conv_transpose_fake(x, w, bias, stride, padding, output_padding, dilation, groups, deterministic):
+def _conv_transpose_fake(x, w, bias, stride, padding, output_padding, dilation, groups, policy):
     geo = Geometry(tuple(stride), tuple(padding), tuple(padding), tuple(dilation), groups)
     sp = transposed_output_sizes(x.shape[2:], w.shape[2:], geo, output_padding)
     return _empty_like_layout(_dense(x), [x.shape[0], w.shape[1] * groups, *sp])
@@ -244,7 +331,7 @@ _EAGER = _Kernels(_conv_impl, _bwd_data_impl, _bwd_weight_impl, _bwd_bias_impl, 
 def _conv_setup(ctx, inputs, output):
     x, w, bias, *params = inputs
     ctx.save_for_backward(x, w)
-    ctx.params = params  # stride, padding_lo, padding_hi, dilation, groups, deterministic
+    ctx.params = params  # stride, padding_lo, padding_hi, dilation, groups, policy
 
 
 def _conv_grads(k: _Kernels, ctx, dy):
@@ -265,7 +352,7 @@ _conv_op.register_autograd(lambda ctx, dy: _conv_grads(_OPS, ctx, dy), setup_con
 def _transpose_setup(ctx, inputs, output):
     x, w, bias, *params = inputs
     ctx.save_for_backward(x, w)
-    ctx.params = params  # stride, padding, output_padding, dilation, groups, deterministic
+    ctx.params = params  # stride, padding, output_padding, dilation, groups, policy
 
 
 def _transpose_grads(k: _Kernels, ctx, dy):
@@ -372,16 +459,12 @@ def _batched(x: Tensor, nd: int, name: str):
     return x, False
 
 
-def _deterministic() -> bool:
-    return torch.are_deterministic_algorithms_enabled()
-
-
 def _check_tensor(t, name: str) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
 
 
-def _conv_nd(nd, x, w, bias, stride, padding, dilation, groups):
+def _conv_nd(nd, x, w, bias, stride, padding, dilation, groups, explicit=_FOLLOW):
     _check_tensor(x, "x")
     _check_tensor(w, "w")
     x, unbatched = _batched(x, nd, "x")
@@ -391,7 +474,7 @@ def _conv_nd(nd, x, w, bias, stride, padding, dilation, groups):
         )
     params = _conv_params(nd, w.shape[2:], stride, padding, dilation, groups)
     x, w, bias = _autocast(x.device.type, x, w, bias)
-    y = _run_conv(x, w, bias, *params, _deterministic())
+    y = _run_conv(x, w, bias, *params, _policy(x, explicit))
     return y.squeeze(0) if unbatched else y
 
 
@@ -417,28 +500,96 @@ def _conv_params(nd, kernel, stride, padding, dilation, groups) -> tuple:
     return params
 
 
-def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """N-D convolution with autograd; the spatial rank comes from w (``w.dim() - 2``)."""
+def conv(
+    x,
+    w,
+    bias=None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups=1,
+    *,
+    algorithm=None,
+    deterministic=None,
+    allow_reduced_precision=None,
+):
+    """N-D convolution with autograd; the spatial rank comes from w (``w.dim() - 2``).
+
+    The keyword options, each None to follow PyTorch's flags at the call (see the module's
+    notes on options): algorithm ("heuristic" or "benchmark"), deterministic and
+    allow_reduced_precision, as flux_dnn.conv takes them."""
     _check_tensor(w, "w")
-    return _conv_nd(w.dim() - 2, x, w, bias, stride, padding, dilation, groups)
+    return _conv_nd(
+        w.dim() - 2,
+        x,
+        w,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        _explicit(algorithm, deterministic, allow_reduced_precision),
+    )
 
 
-def conv1d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """``torch.nn.functional.conv1d`` on flux_dnn, with autograd."""
-    return _conv_nd(1, x, w, bias, stride, padding, dilation, groups)
+def conv1d(
+    x,
+    w,
+    bias=None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups=1,
+    *,
+    algorithm=None,
+    deterministic=None,
+    allow_reduced_precision=None,
+):
+    """``torch.nn.functional.conv1d`` on flux_dnn, with autograd (options: :func:`conv`)."""
+    return _conv_nd(
+        1, x, w, bias, stride, padding, dilation, groups, _explicit(algorithm, deterministic, allow_reduced_precision)
+    )
 
 
-def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """``torch.nn.functional.conv2d`` on flux_dnn, with autograd."""
-    return _conv_nd(2, x, w, bias, stride, padding, dilation, groups)
+def conv2d(
+    x,
+    w,
+    bias=None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups=1,
+    *,
+    algorithm=None,
+    deterministic=None,
+    allow_reduced_precision=None,
+):
+    """``torch.nn.functional.conv2d`` on flux_dnn, with autograd (options: :func:`conv`)."""
+    return _conv_nd(
+        2, x, w, bias, stride, padding, dilation, groups, _explicit(algorithm, deterministic, allow_reduced_precision)
+    )
 
 
-def conv3d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """``torch.nn.functional.conv3d`` on flux_dnn, with autograd."""
-    return _conv_nd(3, x, w, bias, stride, padding, dilation, groups)
+def conv3d(
+    x,
+    w,
+    bias=None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups=1,
+    *,
+    algorithm=None,
+    deterministic=None,
+    allow_reduced_precision=None,
+):
+    """``torch.nn.functional.conv3d`` on flux_dnn, with autograd (options: :func:`conv`)."""
+    return _conv_nd(
+        3, x, w, bias, stride, padding, dilation, groups, _explicit(algorithm, deterministic, allow_reduced_precision)
+    )
 
 
-def _conv_transpose_nd(nd, x, w, bias, stride, padding, output_padding, groups, dilation):
+def _conv_transpose_nd(nd, x, w, bias, stride, padding, output_padding, groups, dilation, explicit=_FOLLOW):
     _check_tensor(x, "x")
     _check_tensor(w, "w")
     x, unbatched = _batched(x, nd, "x")
@@ -453,30 +604,126 @@ def _conv_transpose_nd(nd, x, w, bias, stride, padding, output_padding, groups, 
     output_padding = list(as_ints(output_padding, nd, "output_padding", 0))
     x, w, bias = _autocast(x.device.type, x, w, bias)
     y = _run_conv_transpose(
-        x, w, bias, stride, padding, output_padding, dilation, as_int(groups, "groups"), _deterministic()
+        x, w, bias, stride, padding, output_padding, dilation, as_int(groups, "groups"), _policy(x, explicit)
     )
     return y.squeeze(0) if unbatched else y
 
 
-def conv_transpose(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-    """N-D transposed convolution with autograd; the spatial rank comes from w."""
+def conv_transpose(
+    x,
+    w,
+    bias=None,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    groups=1,
+    dilation=1,
+    *,
+    algorithm=None,
+    deterministic=None,
+    allow_reduced_precision=None,
+):
+    """N-D transposed convolution with autograd; the spatial rank comes from w (options: :func:`conv`)."""
     _check_tensor(w, "w")
-    return _conv_transpose_nd(w.dim() - 2, x, w, bias, stride, padding, output_padding, groups, dilation)
+    return _conv_transpose_nd(
+        w.dim() - 2,
+        x,
+        w,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+        _explicit(algorithm, deterministic, allow_reduced_precision),
+    )
 
 
-def conv_transpose1d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-    """``torch.nn.functional.conv_transpose1d`` on flux_dnn, with autograd."""
-    return _conv_transpose_nd(1, x, w, bias, stride, padding, output_padding, groups, dilation)
+def conv_transpose1d(
+    x,
+    w,
+    bias=None,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    groups=1,
+    dilation=1,
+    *,
+    algorithm=None,
+    deterministic=None,
+    allow_reduced_precision=None,
+):
+    """``torch.nn.functional.conv_transpose1d`` on flux_dnn, with autograd (options: :func:`conv`)."""
+    return _conv_transpose_nd(
+        1,
+        x,
+        w,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+        _explicit(algorithm, deterministic, allow_reduced_precision),
+    )
 
 
-def conv_transpose2d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-    """``torch.nn.functional.conv_transpose2d`` on flux_dnn, with autograd."""
-    return _conv_transpose_nd(2, x, w, bias, stride, padding, output_padding, groups, dilation)
+def conv_transpose2d(
+    x,
+    w,
+    bias=None,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    groups=1,
+    dilation=1,
+    *,
+    algorithm=None,
+    deterministic=None,
+    allow_reduced_precision=None,
+):
+    """``torch.nn.functional.conv_transpose2d`` on flux_dnn, with autograd (options: :func:`conv`)."""
+    return _conv_transpose_nd(
+        2,
+        x,
+        w,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+        _explicit(algorithm, deterministic, allow_reduced_precision),
+    )
 
 
-def conv_transpose3d(x, w, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-    """``torch.nn.functional.conv_transpose3d`` on flux_dnn, with autograd."""
-    return _conv_transpose_nd(3, x, w, bias, stride, padding, output_padding, groups, dilation)
+def conv_transpose3d(
+    x,
+    w,
+    bias=None,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    groups=1,
+    dilation=1,
+    *,
+    algorithm=None,
+    deterministic=None,
+    allow_reduced_precision=None,
+):
+    """``torch.nn.functional.conv_transpose3d`` on flux_dnn, with autograd (options: :func:`conv`)."""
+    return _conv_transpose_nd(
+        3,
+        x,
+        w,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+        _explicit(algorithm, deterministic, allow_reduced_precision),
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -484,14 +731,26 @@ def conv_transpose3d(x, w, bias=None, stride=1, padding=0, output_padding=0, gro
 # repr and padding_mode are torch's own; only the convolution call changes.
 
 
-class _FluxConv:
+class _FluxOptions:
+    """The explicit flux_dnn options of a module (constructor keywords, or convert()'s):
+    (algorithm, deterministic, allow_reduced_precision), each None to follow PyTorch's flags."""
+
+    flux_options = _FOLLOW  # a module made by convert() without options
+
+    def __init__(self, *args, algorithm=None, deterministic=None, allow_reduced_precision=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.flux_options = _explicit(algorithm, deterministic, allow_reduced_precision)
+
+
+class _FluxConv(_FluxOptions):
     _nd: int
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        opts = self.flux_options
         if self.padding_mode != "zeros":  # as torch does: pad explicitly, then convolve unpadded
             input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            return _conv_nd(self._nd, input, weight, bias, self.stride, 0, self.dilation, self.groups)
-        return _conv_nd(self._nd, input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+            return _conv_nd(self._nd, input, weight, bias, self.stride, 0, self.dilation, self.groups, opts)
+        return _conv_nd(self._nd, input, weight, bias, self.stride, self.padding, self.dilation, self.groups, opts)
 
 
 class Conv1d(_FluxConv, torch.nn.Conv1d):
@@ -512,7 +771,7 @@ class Conv3d(_FluxConv, torch.nn.Conv3d):
     _nd = 3
 
 
-class _FluxConvTranspose:
+class _FluxConvTranspose(_FluxOptions):
     _nd: int
 
     def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
@@ -531,6 +790,7 @@ class _FluxConvTranspose:
             output_padding,
             self.groups,
             self.dilation,
+            self.flux_options,
         )
 
 
@@ -562,18 +822,24 @@ _SWAP = {
 }
 
 
-def convert(model: torch.nn.Module) -> torch.nn.Module:
+def convert(
+    model: torch.nn.Module, *, algorithm=None, deterministic=None, allow_reduced_precision=None
+) -> torch.nn.Module:
     """Make every ``torch.nn.Conv*``/``ConvTranspose*`` in ``model`` (itself included) compute with
     flux_dnn, in place, and return ``model``.
 
     Only the class changes: parameters, buffers, hooks and device stay the very same objects,
     so an optimizer built before ``convert`` keeps working. Subclasses of the torch modules
-    (user layers with their own forward) are left alone.
+    (user layers with their own forward) are left alone. The options (as :func:`conv`'s), when
+    given, hold for every converted module; None follows PyTorch's flags at each call.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    explicit = _explicit(algorithm, deterministic, allow_reduced_precision)
     for module in model.modules():
         flux_class = _SWAP.get(type(module))
         if flux_class is not None:
             module.__class__ = flux_class
+            if explicit != _FOLLOW:
+                module.flux_options = explicit
     return model
