@@ -29,6 +29,28 @@ def _seed_base(config) -> int | None:
     return GPU_SEED_BASE if _gpu_run(config) else None
 
 
+# Linux aarch64 (issue 24): .ci/aarch64.sh runs `pytest -m aarch64` in an arm64 Debian root
+# under qemu-user emulation, where the build takes minutes and Python runs many times slower.
+# These files (or folders) of tests/ get the marker: the CPU conformance suite (there on the
+# BLAS shim, the only CPU shim of the aarch64 wheel), the ABI suite, the BLAS shim's own tests
+# (its portable kernels: no AVX2/F16C copies on aarch64) and what info and demo say.
+AARCH64_TESTS = ("conformance", "abi", "test_blas_shim.py", "test_platform_truth.py")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "aarch64: run on Linux aarch64 under emulation (.ci/aarch64.sh); tests/conftest.py's AARCH64_TESTS"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    here = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        relative = os.path.relpath(str(item.path), here).split(os.sep)
+        if relative[0] in AARCH64_TESTS:
+            item.add_marker(pytest.mark.aarch64)
+
+
 def pytest_report_header(config):
     if os.environ.get("FLUX_DNN_TEST_SEED"):
         return f"flux_dnn random seed: {os.environ['FLUX_DNN_TEST_SEED']} for every test (FLUX_DNN_TEST_SEED)"

@@ -621,7 +621,8 @@ class ConvPlan(_core.PlanCall):
     weights packed once into the layout the vendor computes in (when the shim can pack, which
     the oneDNN shim does). Calling it skips argument checking, the plan cache and the weight
     reorder; an input of another shape, dtype, layout or device raises ValueError or TypeError.
-    Later changes to the weights are not seen: make a new plan. Made by ``flux_dnn.conv_plan``.
+    Later changes to the weights are not seen: make a new plan. Made by ``flux_dnn.conv_plan``;
+    ``plan.shim`` names the shim that serves it, ``plan.algorithm`` the vendor's implementation.
 
     ``plan(x)`` with NumPy arrays runs in the core with no Python frame (_core.PlanCall's call
     slot); every other call goes to ``_call``."""
@@ -632,7 +633,9 @@ class ConvPlan(_core.PlanCall):
         prepared = _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options)
         if prepared.out_shape[0] == 0:
             raise ValueError(f"x: a convolution plan needs a batch of at least 1, got shape {xo.shape}")
-        self._packed = self._pack(prepared, x, w, bias, prepared.empty(x, prepared.out_shape, prepared.channels_last))
+        self._packed, self.shim = self._pack(
+            prepared, x, w, bias, prepared.empty(x, prepared.out_shape, prepared.channels_last)
+        )
         self._run = self._packed.run
         self._type, self._empty, self._adapter = type(x), prepared.empty, xo.adapter
         self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
@@ -647,16 +650,18 @@ class ConvPlan(_core.PlanCall):
 
     @staticmethod
     def _pack(prepared: _Prepared, x, w, bias, sample):
-        """The packed plan of the first shim that takes the problem (as _call_elsewhere)."""
+        """The packed plan of the first shim that takes the problem (as _call_elsewhere), and
+        that shim's name (``plan.shim``: what serves every call of the plan)."""
         problem = prepared.problem
         stream = _BY_TYPE[type(x)].stream(x)
         said = []
         for entry in _candidates(problem):
             spec = prepared.spec if entry.shim is prepared.shim else _spec(problem, entry.shim)
             try:
-                return _core.PackedConv(
+                packed = _core.PackedConv(
                     entry.shim, spec, _export(x), _export(w), _export(sample), _export(bias), stream
                 )
+                return packed, entry.shim.name
             except _core.UnsupportedError as refusal:
                 said.append(f"shim {entry.shim.name!r}: {refusal}")
         raise _core.UnsupportedError(_refusals(problem.device[0], said))

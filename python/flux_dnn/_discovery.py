@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import platform
+import sys
 import threading
 from collections.abc import Callable
 
@@ -36,9 +38,18 @@ DEVICE_NAMES = {
     _core.DEVICE_ONEAPI: "oneAPI",
 }
 
+
+def onednn_wheel_here() -> bool:
+    """Whether oneDNN's wheel (onednn-cpu-gomp) exists for this platform: pyproject.toml's
+    marker sys_platform == 'linux' and platform_machine == 'x86_64'. Elsewhere (Linux aarch64,
+    macOS) the BLAS shim is the only CPU shim, and no hint may name oneDNN's wheel."""
+    return sys.platform == "linux" and platform.machine() == "x86_64"
+
+
+_CPU_WHEELS = "onednn-cpu-gomp and scipy-openblas32 wheels" if onednn_wheel_here() else "scipy-openblas32 wheel"
 # What a user installs to get a shim for a device type.
 INSTALL_HINTS = {
-    _core.DEVICE_CPU: "pip install flux-dnn (its oneDNN CPU shim needs the onednn-cpu-gomp wheel)",
+    _core.DEVICE_CPU: f"pip install flux-dnn (its CPU shims need the {_CPU_WHEELS})",
     _core.DEVICE_CUDA: "pip install flux-dnn-cuda13 (or flux-dnn-cuda12 for CUDA 12)",
     _core.DEVICE_METAL: "pip install flux-dnn on macOS 14 or later (the MPS shim is built into it there)",
     _core.DEVICE_ROCM: "pip install flux-dnn-rocm",

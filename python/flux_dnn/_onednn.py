@@ -5,8 +5,9 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import pathlib
+import platform
 
-from ._discovery import ShimSpec
+from ._discovery import ShimSpec, onednn_wheel_here
 
 _LIBDNNL = "libdnnl.so.3"
 
@@ -33,20 +34,45 @@ def _preload_onednn() -> None:
         ) from None
 
 
-def _not_built() -> None:
-    raise FileNotFoundError(
-        "this flux_dnn build has no oneDNN shim (built with FLUX_DNN_BUILD_ONEDNN=OFF, "
-        "or for a platform without oneDNN wheels); the BLAS shim serves CPU arrays"
+def _why_not_built(wheel_here: bool) -> str:
+    """Why this build has no oneDNN shim: a platform without oneDNN's wheel never has one (the
+    BLAS shim is its CPU path); elsewhere the build was made without it."""
+    if not wheel_here:
+        return (
+            f"flux_dnn has no oneDNN shim on {platform.system()} {platform.machine()}: oneDNN's wheel "
+            "(onednn-cpu-gomp) exists for Linux x86-64 only; the BLAS shim serves CPU arrays here"
+        )
+    return (
+        "this flux_dnn build has no oneDNN shim (built with FLUX_DNN_BUILD_ONEDNN=OFF); the BLAS shim serves CPU arrays"
     )
+
+
+def install_hint(built: bool, wheel_here: bool) -> str:
+    """What to install for the oneDNN shim: oneDNN's wheel when the shim is built and only its
+    library is missing; a build with the shim where oneDNN has a wheel; nothing elsewhere (no
+    install gives this platform a oneDNN shim)."""
+    if built:
+        return "pip install --force-reinstall onednn-cpu-gomp==2023.2.0"
+    if wheel_here:
+        return (
+            "pip install --force-reinstall flux-dnn (the wheel has the oneDNN shim), "
+            "or build without FLUX_DNN_BUILD_ONEDNN=OFF"
+        )
+    return ""
 
 
 def shim_spec() -> ShimSpec:
     library = pathlib.Path(__file__).with_name("libflux_dnn_onednn.so")
+    built, wheel_here = library.exists(), onednn_wheel_here()
+
+    def not_built() -> None:
+        raise FileNotFoundError(_why_not_built(wheel_here))
+
     return ShimSpec(
         name="onednn",
         device_type=1,
         library=str(library),
         # A build without the library records why when CPU arrays ask for it, and only then.
-        preload=_preload_onednn if library.exists() else _not_built,
-        install_hint="pip install --force-reinstall onednn-cpu-gomp==2023.2.0",
+        preload=_preload_onednn if built else not_built,
+        install_hint=install_hint(built, wheel_here),
     )
