@@ -35,6 +35,7 @@ using fdnn_shim::fail;
 // baseline x86-64). Elsewhere (aarch64, other compilers) only the plain copy exists.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FDNN_X86_CLONES 1
+#include <immintrin.h>
 #else
 #define FDNN_X86_CLONES 0
 #endif
@@ -61,6 +62,78 @@ inline void store(double* p, double v) { *p = v; }
 inline void store(float* p, float v) { *p = v; }
 inline void store(Half* p, float v) { p->bits = float_to_half(v); }
 inline void store(BF16* p, float v) { p->bits = float_to_bf16(v); }
+
+// Runs of n contiguous elements converted at once: where the im2col, gather and epilogue loops
+// meet a unit stride. A 16-bit problem converts every element it reads and writes, so these
+// loops, not the GEMM, decided its speed (float16 at a tenth of float32 on 1x1 layers).
+// float16 on x86-64 with F16C: VCVTPH2PS (exact) and VCVTPS2PH with round-to-nearest-even,
+// bit-identical to fp16.hpp (NaN quieted with its top payload bits, overflow to infinity,
+// subnormals rounded; they ignore MXCSR's DAZ/FTZ for these operands: a float32 denormal
+// rounds to a signed zero either way). Elsewhere the portable scalar conversions of fp16.hpp.
+#if FDNN_X86_CLONES
+bool cpu_f16c() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+}
+
+__attribute__((target("avx,f16c"))) void widen_f16c(const Half* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  for (; i < n; ++i) d[i] = half_to_float(s[i].bits);
+}
+
+__attribute__((target("avx,f16c"))) void narrow_f16c(const float* s, Half* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) d[i].bits = float_to_half(s[i]);
+}
+#endif
+
+template <class T>
+void widen_run(const T* s, T* d, int64_t n) {
+  std::memcpy(static_cast<void*>(d), s, static_cast<size_t>(n) * sizeof(T));
+}
+void widen_run(const Half* s, float* d, int64_t n) {
+#if FDNN_X86_CLONES
+  if (cpu_f16c()) return widen_f16c(s, d, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) d[i] = half_to_float(s[i].bits);
+}
+void widen_run(const BF16* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i].bits);
+}
+
+template <class T>
+void narrow_run(const T* s, T* d, int64_t n) {
+  std::memcpy(static_cast<void*>(d), s, static_cast<size_t>(n) * sizeof(T));
+}
+void narrow_run(const float* s, Half* d, int64_t n) {
+#if FDNN_X86_CLONES
+  if (cpu_f16c()) return narrow_f16c(s, d, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) d[i].bits = float_to_half(s[i]);
+}
+void narrow_run(const float* s, BF16* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i].bits = float_to_bf16(s[i]);
+}
+
+// d[i] = round(v[i] + beta * d[i]) over a run (beta != 0), in blocks widened at once.
+template <class S, class T>
+void blend_run(const T* v, T beta, S* d, int64_t n) {
+  T old[256];
+  for (int64_t i0 = 0; i0 < n; i0 += 256) {
+    const int64_t len = std::min<int64_t>(256, n - i0);
+    widen_run(d + i0, old, len);
+    for (int64_t i = 0; i < len; ++i) old[i] = v[i0 + i] + beta * old[i];
+    narrow_run(old, d + i0, len);
+  }
+}
 
 enum Dt { kF64, kF32, kF16, kBF16, kNone };
 
@@ -94,8 +167,20 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
                     static_cast<blasint>(ldc));
 }
 
-// Threads for a copy loop of `work` elements: one in a forked child (GNU libgomp's team
-// does not survive fork; OpenBLAS handles fork itself) and for small loops.
+// Threads: the OpenMP team owns them (README.md, "Threads"). Its size is the calling thread's
+// omp_get_max_threads(), which OMP_NUM_THREADS and torch.set_num_threads set (one OpenMP
+// runtime in the process), as in the oneDNN shim; one in a forked child (GNU libgomp's team
+// does not survive fork). OpenBLAS's own pool is kept at one thread, so every GEMM runs on the
+// team thread that calls it: the shim splits each GEMM into panels across the team.
+int team_threads() { return fdnn_shim::in_forked_child() ? 1 : omp_get_max_threads(); }
+
+// OpenBLAS computes on its caller's thread only. Checked at every call (a global read) because
+// anything else in the process may have raised it; a pthreads OpenBLAS with more threads would
+// serialise concurrent calls on its lock and spin its pool against the OpenMP team.
+void openblas_on_calling_thread() {
+  if (scipy_openblas_get_num_threads() != 1) scipy_openblas_set_num_threads(1);
+}
+
 #if FDNN_X86_CLONES
 // Whether this CPU runs the AVX2+FMA copies (checked once).
 bool cpu_avx2_fma() {
@@ -107,9 +192,60 @@ bool cpu_avx2_fma() {
 }
 #endif
 
+// Threads for a copy loop of `work` elements: the team, or one for small loops.
 int threads_for(int64_t work) {
-  if (work < (1 << 15) || fdnn_shim::in_forked_child()) return 1;
-  return omp_get_max_threads();
+  if (work < (1 << 15)) return 1;
+  return team_threads();
+}
+
+// A GEMM C(m x n) = op(A)(m x k) * op(B)(k x n) as panels: a power of two of them along the
+// larger of m and n, each at least kMinPanel wide (64 at most). The split is a function of the
+// shape only, never of the team size: each element of C comes from the same OpenBLAS call
+// (same kernel, same blocking of k) whatever the number of threads, so results are identical
+// for 1 and N threads. Splitting m or n repacks the other operand once per panel; panels of
+// 192 or more lose under 10% against one call (measured single-threaded, sgemm and dgemm).
+constexpr int64_t kMinPanel = 192;
+constexpr int64_t kMinPanelFlops = int64_t{4} << 20;  // a panel worth a team's fork and join
+
+struct Panels {
+  bool along_n = true;
+  int64_t count = 1;
+};
+
+Panels panels_of(int64_t m, int64_t n, int64_t k) {
+  Panels p;
+  p.along_n = n >= m;
+  const int64_t dim = p.along_n ? n : m;
+  const int64_t other = p.along_n ? m : n;
+  while (p.count < 64 && dim / (p.count * 2) >= kMinPanel &&
+         2 * other * k * (dim / (p.count * 2)) >= kMinPanelFlops)
+    p.count *= 2;
+  return p;
+}
+
+// Row-major op(X) element (i, j) address for a transposed or plain operand.
+template <class T>
+const T* at(const T* a, bool t, int64_t ld, int64_t i, int64_t j) {
+  return t ? a + j * ld + i : a + i * ld + j;
+}
+
+// gemm() split into panels (panels_of) run on the OpenMP team, each with one OpenBLAS call on
+// its thread. The panels write disjoint parts of C.
+template <class T>
+void par_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const Panels sp = panels_of(m, n, k);
+  const int nt = static_cast<int>(std::min<int64_t>(sp.count, team_threads()));
+  const int64_t dim = sp.along_n ? n : m;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1)
+  for (int64_t i = 0; i < sp.count; ++i) {
+    const int64_t d0 = dim * i / sp.count, d1 = dim * (i + 1) / sp.count;
+    if (sp.along_n)
+      gemm(ta, tb, m, d1 - d0, k, alpha, a, lda, at(b, tb, ldb, 0, d0), ldb, beta, c + d0, ldc);
+    else
+      gemm(ta, tb, d1 - d0, n, k, alpha, at(a, ta, lda, d0, 0), lda, b, ldb, beta, c + d0 * ldc,
+           ldc);
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -375,12 +511,14 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
   const int64_t total = l == kRows || p.span_images ? p.M : p.OSP;
   int64_t chunk = total;
   if (per_unit > 0) {
-    // Few large GEMMs: OpenBLAS wakes and joins its threads per call, which costs far more
-    // than the im2col traffic of a large buffer (chunks of 8 MiB ran 3x slower, of 2 MiB 10x,
-    // on a loaded 2-core machine). Bounded so that memory stays reasonable.
-    const size_t preferred_bytes = size_t{96} << 20;
+    // Chunks of about 4 MiB: the im2col buffer is still in cache when the GEMM packs it (96
+    // MiB chunks ran 15-30% slower single-threaded; they suited an OpenBLAS pool that paid a
+    // wake-up per call, which the team does not). At least 512 output positions, so the
+    // weights (repacked by every GEMM call) are amortised over enough columns. Both sizes
+    // depend on the problem only, never the team size (see panels_of).
+    const size_t preferred_bytes = size_t{4} << 20;
     chunk = std::min<int64_t>(total, std::max<int64_t>(
-                                         64, static_cast<int64_t>(preferred_bytes / (per_unit * es))));
+                                         512, static_cast<int64_t>(preferred_bytes / (per_unit * es))));
     if (a.workspace_limit != SIZE_MAX) {
       auto bytes_for = [&](int64_t c) {
         return fixed + (need_col ? align64(static_cast<size_t>(c * p.R) * es) : 0) +
@@ -552,8 +690,8 @@ struct Exec {
               continue;
             }
             const S* src = xn + id * s[2] + ih * s[3] + iw * s[4];
-            if (std::is_same<S, T>::value && s[1] == 1)
-              std::memcpy(static_cast<void*>(dst), src, p.Cg * sizeof(T));
+            if (s[1] == 1)
+              widen_run(src, dst, p.Cg);
             else
               for (int64_t c = 0; c < p.Cg; ++c) dst[c] = widen(src[c * s[1]]);
           }
@@ -601,7 +739,10 @@ struct Exec {
     for (int64_t i = 0; i < mc; ++i) {
       const int64_t m = m0 + i;
       const S* src = y + (m / p.OSP) * p.ys[0] + spatial_offset(m % p.OSP, p.ys) + g * p.Kg * p.ys[1];
-      for (int64_t k = 0; k < p.Kg; ++k) dst[i * p.Kg + k] = widen(src[k * p.ys[1]]);
+      if (p.ys[1] == 1)
+        widen_run(src, dst + i * p.Kg, p.Kg);
+      else
+        for (int64_t k = 0; k < p.Kg; ++k) dst[i * p.Kg + k] = widen(src[k * p.ys[1]]);
     }
   }
 
@@ -622,6 +763,13 @@ struct Exec {
       if (p.y_direct) continue;
       const int64_t m = m0 + i;
       S* dst = y + (m / p.OSP) * p.ys[0] + spatial_offset(m % p.OSP, p.ys) + g * p.Kg * p.ys[1];
+      if (p.ys[1] == 1) {
+        if (beta != T(0))
+          blend_run(row, beta, dst, p.Kg);
+        else
+          narrow_run(row, dst, p.Kg);
+        continue;
+      }
       for (int64_t k = 0; k < p.Kg; ++k) {
         T v = row[k];
         if (beta != T(0)) v += beta * widen(dst[k * p.ys[1]]);
@@ -674,8 +822,8 @@ struct Exec {
         std::fill(d, d + (a0 - ow), T(0));
         const S* sp = src + (a0 * p.st[2] - p.lo[2] + kw * p.dil[2]) * s[4];
         T* dd = d + (a0 - ow);
-        if (std::is_same<S, T>::value && step == 1)
-          std::memcpy(static_cast<void*>(dd), sp, (a1 - a0) * sizeof(T));
+        if (step == 1)
+          widen_run(sp, dd, a1 - a0);
         else
           for (int64_t t = 0; t < a1 - a0; ++t) dd[t] = widen(sp[t * step]);
         std::fill(d + (a1 - ow), d + seg, T(0));
@@ -720,7 +868,10 @@ struct Exec {
       T* row = dst + k * mc;
       for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
         const S* src = y_row(n, g * p.Kg + k, od, oh, ow);
-        for (int64_t t = 0; t < seg; ++t) row[j + t] = widen(src[t * s4]);
+        if (s4 == 1)
+          widen_run(src, row + j, seg);
+        else
+          for (int64_t t = 0; t < seg; ++t) row[j + t] = widen(src[t * s4]);
       });
     }
   }
@@ -744,10 +895,12 @@ struct Exec {
       for_segments(m0, mc, [&](int64_t j, int64_t n, int64_t od, int64_t oh, int64_t ow, int64_t seg) {
         S* dst = const_cast<S*>(y_row(n, g * p.Kg + k, od, oh, ow));
         const T* v = row + j;
-        if (beta != T(0)) {
+        if (s4 == 1 && beta != T(0)) {
+          blend_run(v, beta, dst, seg);
+        } else if (beta != T(0)) {
           for (int64_t t = 0; t < seg; ++t) store(dst + t * s4, static_cast<T>(v[t] + beta * widen(dst[t * s4])));
-        } else if (std::is_same<S, T>::value && s4 == 1) {
-          std::memcpy(static_cast<void*>(dst), v, seg * sizeof(T));
+        } else if (s4 == 1) {
+          narrow_run(v, dst, seg);
         } else {
           for (int64_t t = 0; t < seg; ++t) store(dst + t * s4, v[t]);
         }
@@ -853,8 +1006,31 @@ struct Exec {
     if (t < 0 || t % s != 0 || t / s >= out) return -1;
     return t / s;
   }
+  // Input positions [i_lo, i_lo + n) along W that output block [o0, o0 + len) reads in one
+  // input row, widened into xw (kSpan elements at most; false when the span does not fit).
+  static constexpr int64_t kSpan = 2048;
+  bool dw_stage_row(const S* xr, int64_t o0, int64_t len, T* xw, int64_t& i_lo) const {
+    i_lo = std::max<int64_t>(0, o0 * p.st[2] - p.lo[2]);
+    const int64_t i_hi =
+        std::min<int64_t>(p.in[2], (o0 + len - 1) * p.st[2] - p.lo[2] + (p.ks[2] - 1) * p.dil[2] + 1);
+    const int64_t n = i_hi - i_lo;
+    if (n > kSpan) return false;
+    if (n <= 0) return true;
+    if (p.xs[4] == 1)
+      widen_run(xr + i_lo, xw, n);
+    else
+      for (int64_t i = 0; i < n; ++i) xw[i] = widen(xr[(i_lo + i) * p.xs[4]]);
+    return true;
+  }
   void dw_store(S* dst, int64_t step, const T* v, int64_t len) const {
     const T beta = static_cast<T>(p.beta);
+    if (step == 1) {
+      if (beta != T(0))
+        blend_run(v, beta, dst, len);
+      else
+        narrow_run(v, dst, len);
+      return;
+    }
     if (beta != T(0)) {
       for (int64_t t = 0; t < len; ++t) store(dst + t * step, static_cast<T>(v[t] + beta * widen(dst[t * step])));
     } else {
@@ -910,7 +1086,7 @@ struct Exec {
           int64_t lda, ldo;
           const T* A = x_operand(m0, mc, g, col, lda);
           T* O = y_output(m0, mc, g, ybuf, ldo);
-          gemm(false, true, mc, p.Kg, p.R, alpha, A, lda, W + g * p.Kg * ldw, ldw, beta, O, ldo);
+          par_gemm(false, true, mc, p.Kg, p.R, alpha, A, lda, W + g * p.Kg * ldw, ldw, beta, O, ldo);
           epilogue_rows(m0, mc, g, O, ldo);
         }
       });
@@ -921,7 +1097,7 @@ struct Exec {
         int64_t ldb, ldo;
         const T* B = x_operand(m0, mc, g, col, ldb);
         T* O = y_output(m0, mc, g, ybuf, ldo);
-        gemm(false, false, p.Kg, mc, p.R, alpha, W + g * p.Kg * ldw, ldw, B, ldb, beta, O, ldo);
+        par_gemm(false, false, p.Kg, mc, p.R, alpha, W + g * p.Kg * ldw, ldw, B, ldb, beta, O, ldo);
         epilogue_cols(m0, mc, g, O, ldo);
       }
     });
@@ -974,10 +1150,10 @@ struct Exec {
           int64_t ldy;
           const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
           if (p.dx_gemm) {
-            gemm(false, false, mc, p.Cg, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, beta,
+            par_gemm(false, false, mc, p.Cg, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, beta,
                  x_direct_at(m0, g), p.ldx);
           } else {
-            gemm(false, false, mc, p.R, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, T(0), col, p.R);
+            par_gemm(false, false, mc, p.R, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, T(0), col, p.R);
             col2im_rows(m0, mc, g, col, target, tx);
           }
         }
@@ -988,10 +1164,10 @@ struct Exec {
           int64_t ldy;
           const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
           if (p.dx_gemm) {
-            gemm(true, false, p.Cg, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, beta,
+            par_gemm(true, false, p.Cg, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, beta,
                  x_direct_at(m0, g), p.ldx);
           } else {
-            gemm(true, false, p.R, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, T(0), col, mc);
+            par_gemm(true, false, p.R, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, T(0), col, mc);
             col2im_cols(m0, mc, g, col, target, tx);
           }
         }
@@ -1027,7 +1203,7 @@ struct Exec {
           int64_t lda, ldy;
           const T* A = x_operand(m0, mc, g, col, lda);
           const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
-          gemm(true, false, p.Kg, p.R, mc, alpha, dY, ldy, A, lda, m0 == 0 ? beta0 : T(1),
+          par_gemm(true, false, p.Kg, p.R, mc, alpha, dY, ldy, A, lda, m0 == 0 ? beta0 : T(1),
                dW + g * p.Kg * ldw, ldw);
         }
       });
@@ -1037,7 +1213,7 @@ struct Exec {
           int64_t ldb, ldy;
           const T* B = x_operand(m0, mc, g, col, ldb);
           const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
-          gemm(false, true, p.Kg, p.R, mc, alpha, dY, ldy, B, ldb, m0 == 0 ? beta0 : T(1),
+          par_gemm(false, true, p.Kg, p.R, mc, alpha, dY, ldy, B, ldb, m0 == 0 ? beta0 : T(1),
                dW + g * p.Kg * ldw, ldw);
         }
       });
@@ -1101,6 +1277,7 @@ struct Exec {
 };
 
 void execute_plan(const Plan& plan, void* const ptr[4], char* workspace) {
+  openblas_on_calling_thread();
   switch (plan.dt) {
     case kF64:
       Exec<double, double>{plan, static_cast<double*>(ptr[0]), static_cast<double*>(ptr[1]),
