@@ -1,4 +1,4 @@
-"""python -m flux_dnn info | demo"""
+"""python -m flux_dnn info | demo | bench"""
 
 from __future__ import annotations
 
@@ -143,9 +143,17 @@ def demo() -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own options: python -m flux_dnn bench --help
+        from ._bench_cli import main as bench
+
+        return bench(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m flux_dnn")
     parser.add_argument(
-        "command", choices=["info", "demo"], help="info: list shims; demo: run a convolution on NumPy arrays"
+        "command",
+        choices=["info", "demo", "bench"],
+        help="info: list shims; demo: run a convolution on NumPy arrays; "
+        "bench: time flux_dnn against torch, JAX or NumPy (bench --help)",
     )
     args = parser.parse_args(argv)
     return {"info": info, "demo": demo}[args.command]()

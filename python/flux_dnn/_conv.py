@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import _core
+from . import _core, _progress
 from ._adapters import _BY_TYPE, adapter_for
 from ._discovery import REGISTRY, device_name
 from ._geometry import (
@@ -335,6 +335,22 @@ def _refusals(device_type: int, said: list) -> str:
     return f"no shim for {device_name(device_type)} arrays can compute this convolution:\n  " + "\n  ".join(said)
 
 
+_OP_NAMES = {FORWARD: "forward", BACKWARD_DATA: "backward-data", BACKWARD_WEIGHT: "backward-weight"}
+
+
+def _watched(prepared: _Prepared | None, options: ConvOptions) -> bool:
+    """Whether the first run of a new pattern goes under _progress.tuning: a tuning policy,
+    a shim to tune, and no report already around it (the call made again inside it)."""
+    return prepared is not None and prepared.shim is not None and _progress.tunes(options) and _progress.wanted()
+
+
+def _described(prepared: _Prepared, **arrays) -> str:
+    """The layer a tuning line names: op, dtype, operand shapes, device and shim."""
+    p = prepared.problem
+    shapes = " ".join(f"{name} {tuple(a.shape)}" for name, a in arrays.items())
+    return f"{_OP_NAMES[p.op]} {p.dtype} {shapes} on {_device_text(p.device)} ({prepared.shim.name})"
+
+
 # ------------------------------------------------------------------------------------------
 # Forward
 #
@@ -352,6 +368,9 @@ def forward(nd: int, x, w, bias, stride, padding, dilation, groups, options: Con
         prepared = _memo[key]
     except (KeyError, TypeError):
         key, prepared = _new_forward(nd, x, w, bias, stride, padding, dilation, groups, options)
+        if _watched(prepared, options):  # its first run times the candidates: report it
+            with _progress.tuning(lambda: _described(prepared, x=x, w=w)):
+                return forward(nd, x, w, bias, stride, padding, dilation, groups, options, out)
     core_may_remember = out is None and options is DEFAULT_OPTIONS
     if out is None:
         out = prepared.empty(x, prepared.out_shape, prepared.channels_last)
@@ -424,6 +443,9 @@ def backward_data(nd: int, dy, w, input_shape, stride, padding, dilation, groups
         prepared = _memo[key]
     except (KeyError, TypeError):
         key, prepared = _new_backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, options)
+        if _watched(prepared, options):
+            with _progress.tuning(lambda: _described(prepared, dy=dy, w=w)):
+                return backward_data(nd, dy, w, input_shape, stride, padding, dilation, groups, options, out)
     if out is None:
         out = prepared.empty(dy, prepared.out_shape, prepared.channels_last)
         direct = prepared.direct
@@ -462,6 +484,9 @@ def backward_weight(nd: int, x, dy, weight_shape, stride, padding, dilation, gro
         prepared = _memo[key]
     except (KeyError, TypeError):
         key, prepared = _new_backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, options)
+        if _watched(prepared, options):
+            with _progress.tuning(lambda: _described(prepared, x=x, dy=dy)):
+                return backward_weight(nd, x, dy, weight_shape, stride, padding, dilation, groups, options, out)
     dw_out, db_out = out, None
     if options.bias_grad and out is not None:
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
@@ -528,6 +553,9 @@ def transpose(nd: int, x, w, bias, stride, padding, out_padding, groups, dilatio
         pattern = _memo[key]
     except (KeyError, TypeError):
         key, pattern = _new_transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options)
+        if _watched(pattern.prepared, options):
+            with _progress.tuning(lambda: _described(pattern.prepared, x=x, w=w)):
+                return transpose(nd, x, w, bias, stride, padding, out_padding, groups, dilation, options, out)
     prepared = pattern.prepared
     if out is None:
         y = prepared.empty(x, pattern.out_shape, prepared.channels_last)
@@ -633,9 +661,12 @@ class ConvPlan(_core.PlanCall):
         prepared = _prepare_forward(nd, xo, wo, bo, stride, padding, dilation, groups, options)
         if prepared.out_shape[0] == 0:
             raise ValueError(f"x: a convolution plan needs a batch of at least 1, got shape {xo.shape}")
-        self._packed, self.shim = self._pack(
-            prepared, x, w, bias, prepared.empty(x, prepared.out_shape, prepared.channels_last)
-        )
+        sample = prepared.empty(x, prepared.out_shape, prepared.channels_last)
+        if _watched(prepared, options):  # packing makes the vendor plan: the tuning is here
+            with _progress.tuning(lambda: _described(prepared, x=x, w=w)):
+                self._packed, self.shim = self._pack(prepared, x, w, bias, sample)
+        else:
+            self._packed, self.shim = self._pack(prepared, x, w, bias, sample)
         self._run = self._packed.run
         self._type, self._empty, self._adapter = type(x), prepared.empty, xo.adapter
         self._out_shape, self._channels_last = prepared.out_shape, prepared.channels_last
