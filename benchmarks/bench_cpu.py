@@ -4,7 +4,9 @@
 Both libraries get the same torch tensors (flux_dnn takes them zero-copy through DLPack;
 ``--numpy`` adds a column for flux_dnn on NumPy views of the same memory). Calls are
 interleaved (flux, torch, flux, torch, ...) so that the load of a shared machine hits both
-alike, and every number is a median over many calls. The ratio is torch_time / flux_time:
+alike, and every number is a median over many calls (flux_dnn._bench.interleaved: the loop
+of every flux_dnn benchmark and of ``python -m flux_dnn bench``, which times the common case
+in one command). The ratio is torch_time / flux_time:
 above 1.0 means flux_dnn is faster.
 
 The peers:
@@ -41,13 +43,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import statistics
 import sys
 import time
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -69,103 +69,16 @@ if __name__ == "__main__" and _shims_from_argv(sys.argv[1:]) is not None:
 
 import flux_dnn  # noqa: E402
 
-
-class Layer(NamedTuple):
-    name: str
-    C: int
-    H: int
-    K: int
-    R: int
-    stride: int
-    pad: int
-    groups: int = 1
-
-
-LAYERS = [
-    Layer("stem 7x7/2 3->64 @224", 3, 224, 64, 7, 2, 3),
-    Layer("3x3 64 @56", 64, 56, 64, 3, 1, 1),
-    Layer("3x3 128 @28", 128, 28, 128, 3, 1, 1),
-    Layer("3x3 256 @14", 256, 14, 256, 3, 1, 1),
-    Layer("3x3 512 @7", 512, 7, 512, 3, 1, 1),
-    Layer("1x1 256->64 @56", 256, 56, 64, 1, 1, 0),
-    Layer("dw 3x3 256 @28 g256", 256, 28, 256, 3, 1, 1, 256),
-]
+# The layers, the timer and the machine's description are flux_dnn's own (flux_dnn._bench,
+# shared with python -m flux_dnn bench and the other benchmarks); re-exported here for the
+# scripts that import them from bench_cpu (policies.py, bench_blas_threads.py).
+from flux_dnn._bench import ISA_FLAGS, Layer, cpu_info, geomean, interleaved, out_size  # noqa: E402, F401
+from flux_dnn._bench import RESNET50_SAMPLE as LAYERS  # noqa: E402
+from flux_dnn._bench import time_once as _time_once  # noqa: E402
 
 OPS = ("forward", "forward_plan", "backward_data", "backward_weight", "transpose")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 SIXTEEN = ("float16", "bfloat16")
-#: ISA flags of /proc/cpuinfo that matter to convolution kernels
-ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "avx_vnni")
-
-
-def out_size(h, r, s, p):
-    return (h + 2 * p - r) // s + 1
-
-
-# ------------------------------------------------------------------------------------------
-# Timing
-
-
-def _time_once(fn) -> float:
-    t0 = time.perf_counter_ns()
-    fn()
-    return (time.perf_counter_ns() - t0) * 1e-6  # ms
-
-
-def interleaved(
-    fns: dict,
-    budget_s: float,
-    min_reps: int,
-    max_reps: int,
-    warmup: int = 3,
-    own_reps: bool = False,
-    first_ms: dict | None = None,
-) -> dict:
-    """Median ms of each callable, timed A, B, A, B, ... (the order rotates every round).
-
-    own_reps=False: every callable gets the same number of calls (budget / one round).
-    own_reps=True: each callable gets its own count, (budget / number of callables) / its
-    time, clamped to [min_reps, max_reps], and a slow one's calls are spread evenly over the
-    rounds (so a 2 s torch float16 call and a 5 ms flux call are still interleaved, and the
-    fast one is not held to the slow one's few samples). first_ms: the time of a call already
-    made (the check), which counts as a warm-up call; a callable slower than half the budget
-    gets no further warm-up."""
-    names = list(fns)
-    first_ms = first_ms or {}
-    budget_ms = budget_s * 1e3
-    if not own_reps:
-        for _ in range(warmup):
-            for n in names:
-                fns[n]()
-        probe = sum(_time_once(fns[n]) for n in names)  # ms for one round
-        reps = int(min(max_reps, max(min_reps, budget_ms / max(probe, 1e-3))))
-        want = {n: reps for n in names}
-    else:
-        want = {}
-        for n in names:
-            t, calls, spent = first_ms.get(n), (1 if n in first_ms else 0), first_ms.get(n, 0.0)
-            while calls < warmup + 1:  # the last warm-up call is the probe
-                if calls >= 1 and t > 0.5 * budget_ms:
-                    break
-                if calls >= 2 and spent > 0.25 * budget_ms:
-                    break
-                t = _time_once(fns[n])
-                spent += t
-                calls += 1
-            want[n] = int(min(max_reps, max(min_reps, budget_ms / len(names) / max(t, 1e-3))))
-    rounds = max(want.values())
-    samples = {n: [] for n in names}
-    for i in range(rounds):
-        due = [n for n in names if (i + 1) * want[n] // rounds > i * want[n] // rounds]
-        k = i % len(due) if due else 0
-        for n in due[k:] + due[:k]:
-            samples[n].append(_time_once(fns[n]))
-    return (
-        {n: statistics.median(v) for n, v in samples.items()}
-        | {f"_min {n}": min(v) for n, v in samples.items()}
-        | {f"_reps {n}": len(v) for n, v in samples.items()}
-        | {"_reps": rounds}
-    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -306,32 +219,6 @@ def tiny(calls: int, blocks: int = 20) -> dict:
 
 # ------------------------------------------------------------------------------------------
 # Reporting
-
-
-def geomean(values):
-    values = [v for v in values if v and v > 0 and math.isfinite(v)]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
-
-
-def cpu_info() -> dict:
-    """Model name, logical CPU count and the convolution-relevant ISA flags of /proc/cpuinfo."""
-    model, have = platform.processor() or platform.machine(), None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == (platform.processor() or platform.machine()):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and have is None:
-                    have = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return dict(
-        model=model,
-        cpus=os.cpu_count(),
-        isa_present=[x for x in ISA_FLAGS if have and x in have],
-        isa_absent=[x for x in ISA_FLAGS if have is not None and x not in have],
-        flags_read=have is not None,
-    )
 
 
 def cpu_shims() -> list:

@@ -7,8 +7,10 @@ which flux_dnn ran), backward-data and backward-weight; flux_dnn on torch CUDA t
 torch.nn.functional.conv2d / torch.nn.grad.conv2d_input / conv2d_weight, with
 torch.backends.cudnn.benchmark and flux_dnn's algorithm="benchmark" set the same way, TF32
 as each library's default (both allow it for cuDNN convolutions). Timed with CUDA events in
-the same process, median of the repetitions; ratio = torch_time / flux_time (> 1: flux_dnn
-faster). Also the host overhead per call on a tiny convolution.
+the same process, the two libraries' calls interleaved (flux_dnn._bench.interleaved, the loop
+of every flux_dnn benchmark), median of the repetitions; ratio = torch_time / flux_time (> 1:
+flux_dnn faster). Also the host overhead per call on a tiny convolution. The JSON file is
+rewritten whole after every row and on SIGINT, so a run stopped at its limit keeps its rows.
 
     python benchmarks/bench_cuda.py [--quick] [--heuristic] [--json FILE]
 """
@@ -17,43 +19,19 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
-import os
-import statistics
 import sys
 import time
 
-# (name, C, K, H=W, kernel, stride, padding, groups) at batch 32.
-LAYERS = [
-    ("stem 7x7/2 3->64 @224", 3, 64, 224, 7, 2, 3, 1),
-    ("3x3 64 @56", 64, 64, 56, 3, 1, 1, 1),
-    ("3x3 128 @28", 128, 128, 28, 3, 1, 1, 1),
-    ("3x3 256 @14", 256, 256, 14, 3, 1, 1, 1),
-    ("3x3 512 @7", 512, 512, 7, 3, 1, 1, 1),
-    ("1x1 256->64 @56", 256, 64, 56, 1, 1, 0, 1),
-    ("dw 3x3 256 @28", 256, 256, 28, 3, 1, 1, 256),
-]
+from flux_dnn._bench import RESNET50_SAMPLE as LAYERS
+from flux_dnn._bench import cuda_events, interleaved, write_json
+
 BATCH = 32
 OPS = ("fwd", "fwd_bias_relu", "bwd_data", "bwd_weight")
 
 
-def cuda_time_ms(fn, torch, warmup: int, reps: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
-
-
 def make_calls(torch, flux_dnn, layer, dtype, channels_last, algorithm):
-    _, C, K, HW, k, stride, pad, groups = layer
+    C, K, HW, k, stride, pad, groups = layer.C, layer.K, layer.H, layer.R, layer.stride, layer.pad, layer.groups
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     dev = "cuda"
     x = torch.randn(BATCH, C, HW, HW, device=dev, dtype=dtype).contiguous(memory_format=fmt)
@@ -183,7 +161,7 @@ def main(argv=None) -> int:
         flush=True,
     )
     results = dict(rows=[], host_us={}, plan_s={})
-    save = functools.partial(write_json, args.json, results)
+    save = functools.partial(write_json, args.json, results)  # whole file, renamed into place
     # The plan-time figures first (small, and the first runtime compile of the process).
     try:
         results["plan_s"] = plan_seconds(torch, flux_dnn)
@@ -198,7 +176,7 @@ def main(argv=None) -> int:
     try:
         for layer, dtype_name, channels_last in cases(args.dtypes.split(","), args.quick):
             if time.perf_counter() - started > args.budget_s:
-                print(f"time budget spent: skipping {layer[0]} {dtype_name} {layout(channels_last)}")
+                print(f"time budget spent: skipping {layer.name} {dtype_name} {layout(channels_last)}")
                 continue
             for row in measure_layer(torch, flux_dnn, layer, dtype_name, channels_last, algorithm, warmup, reps):
                 results["rows"].append(row)
@@ -230,19 +208,19 @@ def cases(dtypes, quick: bool):
 
 def measure_layer(torch, flux_dnn, layer, dtype_name, channels_last, algorithm, warmup, reps):
     """The rows of one layer (each op; an error row for what failed), printed as measured."""
-    base = dict(layer=layer[0], dtype=dtype_name, channels_last=channels_last)
+    base = dict(layer=layer.name, dtype=dtype_name, channels_last=channels_last)
     try:
         calls = make_calls(torch, flux_dnn, layer, getattr(torch, dtype_name), channels_last, algorithm)
     except Exception as exc:  # (a refused plan): report and go on
-        print(f"{layer[0]:24} {dtype_name:9} setup FAILED: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        print(f"{layer.name:24} {dtype_name:9} setup FAILED: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
         return [dict(base, error=str(exc))]
     rows = []
     for op in OPS:
         torch_fn, flux_fn, *fused = calls[op]
-        head = f"{layer[0]:24} {dtype_name:9} {layout(channels_last):6} {op:10}"
-        try:
-            t_ms = cuda_time_ms(torch_fn, torch, warmup, reps)
-            f_ms = cuda_time_ms(flux_fn, torch, warmup, reps)
+        head = f"{layer.name:24} {dtype_name:9} {layout(channels_last):6} {op:10}"
+        try:  # interleaved (torch, flux, flux, torch, ...), reps timed calls each, CUDA events
+            t = interleaved({"torch": torch_fn, "flux": flux_fn}, 0.0, reps, reps, warmup, timer=cuda_events(torch))
+            t_ms, f_ms = t["torch"], t["flux"]
         except Exception as exc:  # report and go on: one failure must not hide the rest
             print(f"{head} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
             rows.append(dict(base, op=op, error=str(exc)))
@@ -255,15 +233,6 @@ def measure_layer(torch, flux_dnn, layer, dtype_name, channels_last, algorithm, 
     del calls
     torch.cuda.empty_cache()
     return rows
-
-
-def write_json(path, results) -> None:
-    """Replaces the file whole (written aside, then renamed), so a kill never leaves half."""
-    if not path:
-        return
-    with open(path + ".tmp", "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 def print_summary(rows, t_us, f_us) -> None:

@@ -4,7 +4,7 @@
 Each layer runs as JAX users write it (NHWC inputs, HWIO weights, lax's arguments):
 ``jax.jit(flux_dnn.jax.conv_general_dilated)`` against ``jax.jit(jax.lax.conv_general_dilated)``
 on the same arrays, forward and ``jax.grad`` (the gradients of <conv(x, w), g> in x and w).
-Calls are interleaved and every number is a median (benchmarks/bench_cpu.py's timing loop);
+Calls are interleaved and every number is a median (flux_dnn._bench's loop, as bench_cpu.py);
 ratio = lax time / flux time, above 1.0 means flux_dnn is faster. The results are compared
 first (max difference relative to the largest magnitude). A benchmark, not a test.
 
@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flux_dnn  # noqa: E402
-import flux_dnn.jax as fj  # noqa: E402
-from bench_cpu import LAYERS, cpu_info, geomean, interleaved  # noqa: E402
+import flux_dnn
+import flux_dnn.jax as fj
+from flux_dnn._bench import RESNET50_SAMPLE as LAYERS
+from flux_dnn._bench import cpu_info, geomean, interleaved
 
 DN = ("NHWC", "HWIO", "NHWC")
 

@@ -1,13 +1,14 @@
 """The MIOpen shim against torch.nn.functional.conv2d on an AMD GPU (PyTorch ROCm): the
-ResNet-50 layer set at N=32, float32/float16/bfloat16, NCHW and NHWC, forward and both
-backwards, torch.backends.cudnn.benchmark (MIOpen's) set alike, synchronised timing, medians,
-ratios (torch time / flux_dnn time; > 1 means flux_dnn is faster) and their geomean.
+distinct convolutions of ResNet-50 (flux_dnn._bench.RESNET50, as bench_mps.py) at N=32,
+float32/float16/bfloat16, NCHW and NHWC, forward and both backwards,
+torch.backends.cudnn.benchmark (MIOpen's) set alike, the two libraries' calls interleaved and
+timed with events on the GPU (flux_dnn._bench's loop, shared by every flux_dnn benchmark),
+medians, ratios (torch time / flux_dnn time; > 1 means flux_dnn is faster) and their geomean.
 NOT RUN: no AMD GPU was reachable when it was written (see scripts/rocm_check.sh).
 
 `python benchmarks/bench_rocm.py --host-overhead` runs without an AMD GPU: the MIOpen shim's
 per-call host overhead on the test double (tests/doubles/miopen) against the oneDNN shim's."""
 
-import math
 import pathlib
 import statistics
 import sys
@@ -17,38 +18,10 @@ import torch
 import torch.nn.functional as F
 
 import flux_dnn
+from flux_dnn._bench import RESNET50 as LAYERS
+from flux_dnn._bench import cuda_events, geomean, interleaved
 
-# (C, K, H, kernel, stride, padding) of ResNet-50's distinct convolutions
-LAYERS = [
-    (3, 64, 224, 7, 2, 3),
-    (64, 64, 56, 1, 1, 0),
-    (64, 64, 56, 3, 1, 1),
-    (64, 256, 56, 1, 1, 0),
-    (256, 64, 56, 1, 1, 0),
-    (256, 128, 56, 1, 2, 0),
-    (128, 128, 28, 3, 1, 1),
-    (128, 512, 28, 1, 1, 0),
-    (512, 128, 28, 1, 1, 0),
-    (512, 256, 28, 1, 2, 0),
-    (256, 256, 14, 3, 1, 1),
-    (256, 1024, 14, 1, 1, 0),
-    (1024, 256, 14, 1, 1, 0),
-    (1024, 512, 14, 1, 2, 0),
-    (512, 512, 7, 3, 1, 1),
-    (512, 2048, 7, 1, 1, 0),
-]
-
-
-def timed(fn, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+WARMUP, REPS = 1, 20
 
 
 def cases(x, w, dy, s, p) -> dict:
@@ -71,25 +44,26 @@ def main():
     if torch.version.hip is None or not torch.cuda.is_available():
         sys.exit("bench_rocm.py needs PyTorch for ROCm and an AMD GPU")
     torch.backends.cudnn.benchmark = True  # MIOpen's search on ROCm, as flux_dnn's "benchmark"
+    timer = cuda_events(torch)  # torch.cuda's events are HIP's on ROCm
     ratios = []
     print(f"{'layer':26} {'dtype':9} {'layout':6} {'op':16} {'torch ms':>9} {'flux ms':>9} {'ratio':>6}")
-    for C, K, H, k, s, p in LAYERS:
+    for layer in LAYERS:
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for layout in ("NCHW", "NHWC"):
                 fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
-                x = torch.randn(32, C, H, H, device="cuda", dtype=dtype).to(memory_format=fmt)
-                w = torch.randn(K, C, k, k, device="cuda", dtype=dtype).to(memory_format=fmt)
-                dy = torch.randn_like(F.conv2d(x, w, stride=s, padding=p))
-                for op, (ref, ours) in cases(x, w, dy, s, p).items():
-                    t_ref, t_ours = timed(ref), timed(ours)
-                    ratios.append(t_ref / t_ours)
-                    name = f"C{C} K{K} {H}x{H} k{k} s{s}"
+                x = torch.randn(32, layer.C, layer.H, layer.H, device="cuda", dtype=dtype).to(memory_format=fmt)
+                w = torch.randn(layer.K, layer.C, layer.R, layer.R, device="cuda", dtype=dtype).to(memory_format=fmt)
+                dy = torch.randn_like(F.conv2d(x, w, stride=layer.stride, padding=layer.pad))
+                for op, (ref, ours) in cases(x, w, dy, layer.stride, layer.pad).items():
+                    t = interleaved({"torch": ref, "flux": ours}, 0.0, REPS, REPS, WARMUP, timer=timer)
+                    ratios.append(t["torch"] / t["flux"])
                     dt = str(dtype)[6:]
                     print(
-                        f"{name:26} {dt:9} {layout:6} {op:16} {t_ref * 1e3:9.3f} {t_ours * 1e3:9.3f} {ratios[-1]:6.2f}"
+                        f"{layer.name:26} {dt:9} {layout:6} {op:16} {t['torch']:9.3f} {t['flux']:9.3f} "
+                        f"{ratios[-1]:6.2f}",
+                        flush=True,
                     )
-    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    print(f"geomean ratio (torch / flux_dnn, > 1: flux_dnn faster): {geomean:.3f}")
+    print(f"geomean ratio (torch / flux_dnn, > 1: flux_dnn faster): {geomean(ratios):.3f}")
 
 
 if __name__ == "__main__" and "--host-overhead" not in sys.argv:
