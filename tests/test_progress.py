@@ -121,3 +121,18 @@ def test_configure_and_a_bad_value(monkeypatch):
     _progress.configure(None)
     with pytest.raises(ValueError, match="mode: expected 'auto', 'lines', 'off' or None, got 'on'"):
         _progress.configure("on")
+
+
+def test_a_long_benchmark_row_says_it_is_still_measured(monkeypatch, capsys, every_tuning):
+    """python -m flux_dnn bench's rows: "still measuring" while one runs on (a slow peer),
+    nothing more (the row's own line follows)."""
+    monkeypatch.setenv("FLUX_DNN_PROGRESS", "1")
+    monkeypatch.setattr(_progress, "STILL_S", 0.01)
+    with _progress.working("measuring row C"):
+        threading.Event().wait(0.2)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.startswith("flux_dnn: still measuring row C, ") for line in lines)
+    monkeypatch.setenv("FLUX_DNN_PROGRESS", "0")
+    with _progress.working("measuring row D"):
+        threading.Event().wait(0.05)
+    assert capsys.readouterr().err == ""

@@ -178,7 +178,8 @@ def run_rows(peer, args, report) -> list:
     for i, (dtype, layout, layer, op) in enumerate(todo, 1):
         base = dict(layer=layer.name, op=op, dtype=dtype, layout=layout, N=args.batch, shim=peer.shim_name(dtype))
         try:
-            row = base | measure(peer, layer, op, dtype, layout, args.batch, timing)
+            with _progress.working(f"measuring {layer.name} {op} {dtype} {layout}"):
+                row = base | measure(peer, layer, op, dtype, layout, args.batch, timing)
         except Exception as exc:  # noqa: BLE001 -- one failure must not hide the other rows
             row = base | dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
         rows.append(row)

@@ -10,7 +10,9 @@ FLUX_DNN_PROGRESS chooses:
 A tuning gets its line when it took LONG_S or more, or once the process has spent BUSY_S
 tuning (then every layer that really tuned gets one, so a model of many quick layers is not
 silent either); while one runs on, a line says so every STILL_S (a live line on a terminal),
-so no minute passes in silence.
+so no minute passes in silence. A benchmark row (``working``) that runs on gets the same
+"still" lines; python -m flux_dnn bench prints its rows itself and turns "lines" on for its
+run (off with --no-progress).
 """
 
 from __future__ import annotations
@@ -92,29 +94,52 @@ def tuning(describe):
         yield
         return
     _local.watching = True
-    done, spoke = threading.Event(), []
     start = time.monotonic()
-    watcher = threading.Thread(target=_watch, args=(done, spoke, describe, start, tty), daemon=True)
-    watcher.start()
     try:
-        yield
+        with _watcher(lambda: f"tuning {describe()}", tty, _tally) as spoke:
+            yield
     finally:
-        done.set()
-        watcher.join()
         _local.watching = False
         _finish(describe, time.monotonic() - start, bool(spoke), tty)
 
 
-def _watch(done: threading.Event, spoke: list, describe, start: float, live: bool) -> None:
-    """While a tuning runs: a live line on a terminal, else a line every STILL_S."""
+@contextlib.contextmanager
+def working(what: str):
+    """Around one step of long work the user started and waits for (a row of python -m
+    flux_dnn bench, which reports the row itself when it ends): a line every STILL_S while
+    it runs on, so that a slow peer's row is not a silent minute either."""
+    current = mode()
+    if current == "off" or (current == "auto" and not _tty()):
+        yield
+        return
+    with _watcher(lambda: what, False, lambda: ""):
+        yield
+
+
+@contextlib.contextmanager
+def _watcher(what, live: bool, tally):
+    """A thread that says what() is still running: a live line on a terminal (erased when
+    it ends), else a line every STILL_S. Yields the list of the times it spoke."""
+    done, spoke = threading.Event(), []
+    start = time.monotonic()
+    watcher = threading.Thread(target=_watch, args=(done, spoke, what, start, live, tally), daemon=True)
+    watcher.start()
+    try:
+        yield spoke
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _watch(done: threading.Event, spoke: list, what, start: float, live: bool, tally) -> None:
     wait = LIVE_FIRST_S if live else STILL_S
     while not done.wait(wait):
         elapsed = time.monotonic() - start
         if live:
-            _write(f"\r\x1b[Kflux_dnn: tuning {describe()} ... {elapsed:.1f} s{_tally()}")
+            _write(f"\r\x1b[Kflux_dnn: {what()} ... {elapsed:.1f} s{tally()}")
             wait = LIVE_EVERY_S
         else:
-            _write(f"flux_dnn: still tuning {describe()}, {elapsed:.1f} s so far{_tally()}\n")
+            _write(f"flux_dnn: still {what()}, {elapsed:.1f} s so far{tally()}\n")
         spoke.append(elapsed)
 
 
