@@ -78,6 +78,17 @@ def test_numpy_reference_checks_every_op(tmp_path, capsys):
     assert json.loads(out.read_text())["summary"]["failed"] == 0
 
 
+@pytest.mark.parametrize("peer", ["torch", "jax"])
+def test_each_peer_agrees_in_every_dtype_layout_and_op(peer, capsys):
+    """A small grouped, strided layer against torch and JAX: every row checked ok."""
+    pytest.importorskip(peer)
+    argv = ["--peer", peer, "--shape", "c=4,h=9,k=6,r=3,stride=2,groups=2", "--batch", "2", "--budget", "0.01"]
+    argv += ["--dtypes", "float32,float16,bfloat16" + (",float64" if peer == "torch" else ""), "--layout", "nchw,nhwc"]
+    assert _bench_cli.main(argv + ["--no-progress"]) == 0, capsys.readouterr().out
+    rows = _table(capsys.readouterr().out)[:-1]
+    assert len(rows) == (4 if peer == "torch" else 3) * 2 * 3 and all(r[-1] == "ok" for r in rows)
+
+
 @pytest.mark.parametrize("op", ["forward", "backward_data", "backward_weight"])
 def test_numpy_reference_agrees_with_flux_dnn_in_float64(op, rng):
     """The reference of the NumPy peer is right: float64, a strided, padded, grouped layer."""

@@ -219,6 +219,8 @@ class JaxPeer(_Peer):
         import flux_dnn.jax as fj
 
         jax, L = self.jax, layer
+        if dtype == "float64" and not jax.config.jax_enable_x64:  # JAX would make float32 arrays
+            raise ValueError("--dtypes: float64 with the jax peer needs JAX_ENABLE_X64=1 in the environment")
         jnp = jax.numpy
         rng = np.random.default_rng(0)
         nhwc = layout == "nhwc"
