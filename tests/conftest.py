@@ -31,10 +31,23 @@ def _seed_base(config) -> int | None:
 
 # Linux aarch64 (issue 24): .ci/aarch64.sh runs `pytest -m aarch64` in an arm64 Debian root
 # under qemu-user emulation, where the build takes minutes and Python runs many times slower.
-# These files (or folders) of tests/ get the marker: the CPU conformance suite (there on the
-# BLAS shim, the only CPU shim of the aarch64 wheel), the ABI suite, the BLAS shim's own tests
-# (its portable kernels: no AVX2/F16C copies on aarch64) and what info and demo say.
-AARCH64_TESTS = ("conformance", "abi", "test_blas_shim.py", "test_platform_truth.py")
+# These files (or folders) of tests/ get the marker: what .ci/run runs on its build without
+# oneDNN (the CPU conformance suite, there on the BLAS shim, the only CPU shim of the aarch64
+# wheel; the NumPy, float64, plan and error tests; the ABI suite), the BLAS shim's own tests
+# (its portable kernels: no AVX2/F16C copies on aarch64; its threads) and what info and the
+# demo say.
+AARCH64_TESTS = (
+    "conformance",
+    "abi",
+    "test_forward.py",
+    "test_numpy_dtypes.py",
+    "test_float64.py",
+    "test_plan.py",
+    "test_errors.py",
+    "test_blas_shim.py",
+    "test_blas_threads.py",
+    "test_platform_truth.py",
+)
 
 
 def pytest_configure(config):
