@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import pathlib
+import platform
 
 from ._build_info import VERSION, require_core_abi
 
@@ -31,15 +32,18 @@ COMPANIONS = (
     (f"libnvrtc.so.{CUDA_MAJOR}", ("nvidia-cuda-nvrtc", f"nvidia-cuda-nvrtc-cu{CUDA_MAJOR}")),
 )
 
-# What scripts/gpu_check.sh has verified on a real GPU, per CUDA major (this file is also the
-# template of flux-dnn-cuda12, whose build has never run on one). A major not listed warns on
-# its first use (flux_dnn.ShimSpec.verification).
+# What scripts/gpu_check.sh has verified on a real GPU, per (CUDA major, machine) (this file
+# is also the template of flux-dnn-cuda12, whose build has never run on one, and the aarch64
+# build has not either). A build not listed warns on its first use
+# (flux_dnn.ShimSpec.verification).
 GPU_CHECKS = {
-    13: "GPU check passed 2026-12-04 on an NVIDIA H200 (sm_90, driver 580.159.04) with cuDNN 9.19.0, "
+    (13, "x86_64"): "GPU check passed 2026-12-04 on an NVIDIA H200 (sm_90, driver 580.159.04) with cuDNN 9.19.0, "
     "torch 2.11 (cu130), CuPy 14.2 and JAX 0.11.2: ABI suite 375, conformance 482 and JAX 127 tests passed, "
     "none failed (scripts/gpu_check.sh)",
 }
-VERIFICATION = GPU_CHECKS.get(CUDA_MAJOR, "never run on a GPU (built and loaded only)")
+VERIFICATION = GPU_CHECKS.get(
+    (CUDA_MAJOR, platform.machine()), f"never run on a GPU as this build (CUDA {CUDA_MAJOR}, {platform.machine()})"
+)
 
 __all__ = ["shim_spec", "find_libcudnn", "find_in_wheel"]
 
