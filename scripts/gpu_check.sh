@@ -305,7 +305,7 @@ pytest_group() {
 #    host-only self-tests: CI runs those).
 pytest_group tests "$T_TESTS" -k "cudnn and not on_the_cpu" tests/abi tests/test_cudnn.py
 # 2. Numerics on CuPy and torch arrays, most telling files first (a cut loses the matrix).
-pytest_group conformance "$T_CONFORMANCE" -m accelerator -k "not jax" tests/conformance/test_cuda.py \
+pytest_group conformance "$T_CONFORMANCE" -m accelerator -k "not jax" tests/conformance/test_accelerators.py tests/conformance/test_cuda.py \
   tests/conformance/test_numerics.py tests/conformance/test_device_allocator.py \
   tests/conformance/test_frameworks.py tests/conformance/test_known_defects.py tests/conformance/test_matrix.py
 # 3. The benchmark against torch, each row written as it is measured (not in a rerun).

@@ -138,7 +138,11 @@ void check_memory(const BorrowedTensor* all[4], const char* const names[4], cons
 }
 
 void* stream_pointer(py::handle stream) {
-  return stream.is_none() ? nullptr : reinterpret_cast<void*>(stream.cast<uintptr_t>());
+  if (stream.is_none()) return nullptr;
+  if (!PyLong_Check(stream.ptr()))
+    throw py::type_error("stream: the shim's stream must be an int (a pointer) or None, got " +
+                         std::string(py::str(py::type::handle_of(stream).attr("__name__"))));
+  return reinterpret_cast<void*>(stream.cast<uintptr_t>());
 }
 
 // The array library's allocator could not give a plan its workspace.
@@ -165,8 +169,8 @@ void warn_refused_once(const WorkspaceRefused& refused, const char* what_now) {
 // Destroyed with the GIL held (declared before the GIL is released).
 class PlanAllocator {
  public:
-  PlanAllocator(py::handle workspace_alloc, py::handle stream)
-      : workspace_alloc_(workspace_alloc), stream_(stream) {
+  PlanAllocator(py::handle workspace_alloc, const CallStream& stream)
+      : workspace_alloc_(workspace_alloc), stream_(stream.dlpack) {
     ext_.struct_size = FDNN_Device_Allocator_STRUCT_SIZE;
     ext_.type = FDNN_EXTENSION_DEVICE_ALLOCATOR;
     ext_.context = this;
@@ -209,7 +213,7 @@ class PlanAllocator {
   }
 
   FDNN_Device_Allocator ext_{};
-  py::handle workspace_alloc_, stream_;
+  py::handle workspace_alloc_, stream_;  // stream_: what the workspace's __dlpack__ takes
   std::vector<std::pair<void*, py::object>> held_;  // a benchmark holds five at most
   std::optional<WorkspaceRefused> refused_;
 };
@@ -220,7 +224,7 @@ class PlanAllocator {
 // buffers a benchmark times on come from the array library's allocator.
 std::shared_ptr<Plan> cached_plan(const Shim& shim, const ConvSpec& spec, const BorrowedTensor& x,
                                   const BorrowedTensor& w, const BorrowedTensor& y,
-                                  const BorrowedTensor& bias, py::handle stream,
+                                  const BorrowedTensor& bias, const CallStream& stream,
                                   py::handle workspace_alloc = py::none()) {
   thread_local std::string key;
   const FDNN_DLTensor* bias_desc = bias.present() ? &bias.desc() : nullptr;
@@ -228,7 +232,7 @@ std::shared_ptr<Plan> cached_plan(const Shim& shim, const ConvSpec& spec, const 
                               y.desc(), bias_desc);
   if (std::shared_ptr<Plan> plan = plan_cache().find(key)) return plan;
   FDNN_Conv_Plan_Create_Args args = fdnn_client::plan_create_args(
-      spec.params, x.desc(), w.desc(), y.desc(), bias_desc, stream_pointer(stream));
+      spec.params, x.desc(), w.desc(), y.desc(), bias_desc, stream.shim);
   std::optional<PlanAllocator> allocator;
   if (!workspace_alloc.is_none() && spec.params.algo_policy == FDNN_ALGO_BENCHMARK) {
     allocator.emplace(workspace_alloc, stream);
@@ -260,7 +264,7 @@ bool keeps_gil(const FDNN_DLTensor& x, const FDNN_DLTensor& w, const FDNN_DLTens
 // Executes a plan on first-element pointers, with a workspace from the per-thread CPU buffer
 // or, on GPUs, from the array library's allocator; without the GIL unless keep_gil.
 // `offsets` is chained when the arrays' data are objects (Metal), else NULL.
-void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle stream,
+void execute(const Plan& plan, void* x, void* w, void* y, void* bias, const CallStream& stream,
              py::handle workspace_alloc, FDNN_Buffer_Offsets* offsets = nullptr,
              bool keep_gil = false) {
   FDNN_Conv_Plan_Execute_Args e{};
@@ -270,7 +274,7 @@ void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle
   e.bias = bias;
   e.extension_start = reinterpret_cast<FDNN_Extension_Base*>(offsets);
   e.workspace_size = plan.workspace_size;
-  e.stream = stream_pointer(stream);
+  e.stream = stream.shim;
   py::object workspace_array;  // keeps a GPU workspace alive until the work is enqueued
   std::optional<BorrowedTensor> workspace;
   if (plan.workspace_size > 0) {
@@ -282,7 +286,7 @@ void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle
       } catch (py::error_already_set& refused) {
         throw WorkspaceRefused{plan.workspace_size, std::string(py::str(refused.value()))};
       }
-      workspace.emplace(workspace_array, "workspace", stream);
+      workspace.emplace(workspace_array, "workspace", stream.dlpack);
       e.workspace = execute_pointer(*workspace);
       if (offsets != nullptr) offsets->workspace_offset = offset_of(*workspace);
     }
@@ -297,17 +301,38 @@ void execute(const Plan& plan, void* x, void* w, void* y, void* bias, py::handle
 
 }  // namespace
 
+CallStream CallStream::of(py::handle stream) {
+  CallStream s;
+  if (stream.is_none()) {
+    s.dlpack = stream;
+  } else if (PyTuple_Check(stream.ptr())) {
+    if (PyTuple_GET_SIZE(stream.ptr()) != 2)
+      throw py::type_error("stream: expected None, an int, or a pair (shim stream pointer, "
+                           "__dlpack__ stream argument); got a tuple of " +
+                           std::to_string(PyTuple_GET_SIZE(stream.ptr())));
+    s.shim = stream_pointer(PyTuple_GET_ITEM(stream.ptr(), 0));
+    s.dlpack = PyTuple_GET_ITEM(stream.ptr(), 1);
+  } else {
+    s.shim = stream_pointer(stream);  // CUDA, ROCm: DLPack's stream int is the shim's pointer
+    s.dlpack = stream;
+  }
+  return s;
+}
+
 void ConvSpec::finish() {
   key.clear();
   fdnn_client::append_params(key, params);
 }
 
 void run_conv(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::handle w_array,
-              py::handle y_array, py::handle bias_array, py::handle stream,
+              py::handle y_array, py::handle bias_array, py::handle stream_arg,
               py::handle workspace_alloc) {
   const Roles& r = roles_of(spec.params.op);
-  BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
-  BorrowedTensor bias(bias_array, r.bias, stream);  // None: not present
+  const CallStream stream = CallStream::of(stream_arg);
+  const py::handle producer_stream = stream.dlpack;
+  BorrowedTensor x(x_array, r.x, producer_stream), w(w_array, r.w, producer_stream);
+  BorrowedTensor y(y_array, r.y, producer_stream);
+  BorrowedTensor bias(bias_array, r.bias, producer_stream);  // None: not present
   check_operands(shim, spec, r, x, w, y, bias);
   FDNN_Buffer_Offsets offsets{FDNN_Buffer_Offsets_STRUCT_SIZE, FDNN_EXTENSION_BUFFER_OFFSETS,
                               nullptr, offset_of(x), offset_of(w), offset_of(y), offset_of(bias),
@@ -337,10 +362,13 @@ void run_conv(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::ha
 }
 
 py::dict plan_info(const Shim& shim, const ConvSpec& spec, py::handle x_array, py::handle w_array,
-                   py::handle y_array, py::handle bias_array, py::handle stream) {
+                   py::handle y_array, py::handle bias_array, py::handle stream_arg) {
   const Roles& r = roles_of(spec.params.op);
-  BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
-  BorrowedTensor bias(bias_array, r.bias, stream);
+  const CallStream stream = CallStream::of(stream_arg);
+  const py::handle producer_stream = stream.dlpack;
+  BorrowedTensor x(x_array, r.x, producer_stream), w(w_array, r.w, producer_stream);
+  BorrowedTensor y(y_array, r.y, producer_stream);
+  BorrowedTensor bias(bias_array, r.bias, producer_stream);
   check_operands(shim, spec, r, x, w, y, bias);
   std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream);
   py::dict info;
@@ -431,12 +459,15 @@ void check_fits(const char* name, const BorrowedTensor& t, const TensorSignature
 
 PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_array,
                        py::handle w_array, py::handle y_array, py::handle bias_array,
-                       py::handle stream) {
+                       py::handle stream_arg) {
   if (spec.params.op != FDNN_CONV_FORWARD)
     throw py::value_error("a packed plan is a forward convolution");
   const Roles& r = roles_of(spec.params.op);
-  BorrowedTensor x(x_array, r.x, stream), w(w_array, r.w, stream), y(y_array, r.y, stream);
-  BorrowedTensor bias(bias_array, r.bias, stream);
+  const CallStream stream = CallStream::of(stream_arg);
+  const py::handle producer_stream = stream.dlpack;
+  BorrowedTensor x(x_array, r.x, producer_stream), w(w_array, r.w, producer_stream);
+  BorrowedTensor y(y_array, r.y, producer_stream);
+  BorrowedTensor bias(bias_array, r.bias, producer_stream);
   check_operands(shim, spec, r, x, w, y, bias);
   std::shared_ptr<Plan> plan = cached_plan(shim, spec, x, w, y, bias, stream);
   keep_gil_ = keeps_gil(x.desc(), w.desc(), y.desc());
@@ -460,7 +491,7 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
   FDNN_Buffer_Offsets offsets{FDNN_Buffer_Offsets_STRUCT_SIZE, FDNN_EXTENSION_BUFFER_OFFSETS,
                               nullptr, 0, offset_of(w), 0, 0, 0};
   if (data_is_object(w)) a.extension_start = reinterpret_cast<FDNN_Extension_Base*>(&offsets);
-  a.stream = stream_pointer(stream);
+  a.stream = stream.shim;
   FDNN_Error* error;
   {
     py::gil_scoped_release no_gil;
@@ -472,14 +503,15 @@ PackedConv::PackedConv(const Shim& shim, const ConvSpec& spec, py::handle x_arra
 }
 
 py::object PackedConv::run(py::handle x_array, py::handle y_array, py::handle bias_array,
-                           py::handle stream, py::handle workspace_alloc,
+                           py::handle stream_arg, py::handle workspace_alloc,
                            py::handle w_array) const {
-  BorrowedTensor x(x_array, "x", stream), bias(bias_array, "bias", stream);
+  const CallStream stream = CallStream::of(stream_arg);
+  BorrowedTensor x(x_array, "x", stream.dlpack), bias(bias_array, "bias", stream.dlpack);
   check_fits("x", x, x_signature_);
   check_fits("bias", bias, bias_signature_);
   const bool made_here = y_array.is_none();
   py::object result = allocated_output(x_array, y_array);
-  BorrowedTensor y(result, "out", stream);
+  BorrowedTensor y(result, "out", stream.dlpack);
   // An output made here has the planned shape, strides and dtype, is writeable and shares no
   // memory with x or bias; only its alignment depends on NumPy's allocator (which may be
   // replaced), and a plan runs on data at least as aligned as planned. A caller's out= is
@@ -489,14 +521,14 @@ py::object PackedConv::run(py::handle x_array, py::handle y_array, py::handle bi
   } else {
     check_fits("out", y, y_signature_);
     if (y.read_only()) throw py::value_error("out: the array is read-only");
-    BorrowedTensor no_w(py::none(), "w", stream);
+    BorrowedTensor no_w(py::none(), "w", stream.dlpack);
     const BorrowedTensor* all[4] = {&x, &no_w, &y, &bias};
     const char* const names[4] = {"x", "w", "out", "bias"};
     const bool written[4] = {false, false, true, false};
     check_memory(all, names, written);
   }
   std::optional<BorrowedTensor> w;
-  if (!packed()) w.emplace(unpacked_weights(w_array), "w", stream);
+  if (!packed()) w.emplace(unpacked_weights(w_array), "w", stream.dlpack);
   FDNN_Buffer_Offsets offsets{FDNN_Buffer_Offsets_STRUCT_SIZE, FDNN_EXTENSION_BUFFER_OFFSETS,
                               nullptr, offset_of(x), w ? offset_of(*w) : 0, offset_of(y),
                               offset_of(bias), 0};

@@ -23,8 +23,21 @@ struct ConvSpec {
   void finish();  // computes `key`; call after setting params
 };
 
+// The stream of a call, as the Python layer hands it over (a provider's streams(), see
+// python/flux_dnn/providers.py). Two things that coincide on CUDA and ROCm but not on SYCL:
+// the opaque pointer the shim enqueues on (FDNN's `stream`: a cudaStream_t, a sycl::queue*)
+// and what the producers' __dlpack__(stream=...) takes (DLPack's stream int, a dpctl queue,
+// None). Given as None (no stream: CPU), an int (both at once), or a pair
+// (shim pointer int or None, __dlpack__'s stream argument or None).
+struct CallStream {
+  void* shim = nullptr;
+  pybind11::handle dlpack;  // borrowed from the caller's argument, which outlives the call
+
+  static CallStream of(pybind11::handle stream);  // TypeError naming `stream` when malformed
+};
+
 // Runs spec on the arrays (x, w, y as in the ABI; bias may be None). The written array(s)
-// must already exist. `stream` is an int (GPU stream handle) or None. `workspace_alloc` is
+// must already exist. `stream` as CallStream::of reads it. `workspace_alloc` is
 // called with a byte count for GPU workspace and returns an array (None on the CPU, where
 // the core keeps a per-thread buffer). Once its plan is cached, a call allocates nothing.
 void run_conv(const Shim& shim, const ConvSpec& spec, pybind11::handle x, pybind11::handle w,

@@ -1,6 +1,7 @@
-"""Per-library knowledge: how to read an array's shape, dtype and strides, how to allocate an
-output in the array's own library on its own device, and which stream is current there.
-Each library keeps to its own small class; unknown libraries go through the array API."""
+"""flux-dnn's own array-library providers (flux_dnn.providers has the interface): NumPy,
+PyTorch, CuPy, MLX and JAX. They are registered through the entry-point group
+``flux_dnn.providers`` in flux-dnn's pyproject.toml, as a plug-in package registers its own;
+nothing else in flux_dnn names an array library. Each library keeps to its own small class."""
 
 from __future__ import annotations
 
@@ -9,89 +10,23 @@ import sys
 
 from . import _core
 from ._geometry import is_channels_last  # noqa: F401 (its old home; the rule lives in _geometry)
+from .providers import _BY_TYPE, Provider, Streams, channels_last_empty, provider_for  # noqa: F401 (old names)
 
 CPU = _core.DEVICE_CPU
 CUDA = _core.DEVICE_CUDA
 ROCM = _core.DEVICE_ROCM  # kDLROCM: PyTorch ROCm tensors, CuPy ROCm arrays, JAX ROCm arrays
 METAL = _core.DEVICE_METAL  # kDLMetal: PyTorch MPS tensors, MLX arrays
+ONEAPI = _core.DEVICE_ONEAPI  # kDLOneAPI: PyTorch XPU tensors (SYCL), dpnp/dpctl arrays
 DTYPE_BFLOAT = _core.DTYPE_BFLOAT  # DLPack's dtype code for bfloat16 (kDLBfloat)
 
 # What flux_dnn convolves; a NumPy array of another dtype is refused naming these.
 ACCEPTED_DTYPES = ("float64", "float32", "float16", "bfloat16")
 _ACCEPTED_TEXT = "float64, float32, float16 and bfloat16 (ml_dtypes.bfloat16 for NumPy)"
 
-
-def _channels_last_empty(empty, shape, **kw):
-    """Allocate (N, *spatial, C) and view it as (N, C, *spatial)."""
-    n = len(shape)
-    buf = empty((shape[0], *shape[2:], shape[1]), **kw)
-    return buf, (0, n - 1, *range(1, n - 1))
-
-
-class ArrayAPIAdapter:
-    """Any array with __dlpack__ and the array API (__array_namespace__)."""
-
-    name = "array-api"
-    #: a[slices] is a view that writes through, and a[...] = v assigns in place. The array API
-    #: leaves both to the library (JAX arrays are immutable, their slices copies), so only the
-    #: libraries known to have them say so.
-    has_views = False
-    #: export(a) is a itself: the core takes such arrays as they are (through __dlpack__)
-    exports_itself = True
-
-    def export(self, a):
-        return a  # the object whose __dlpack__ the core calls
-
-    def key(self, a) -> tuple:
-        """A cheap hashable summary (type, shape, dtype, layout, device) for the call memo:
-        two arrays with equal keys need the same plan and give the same output allocation."""
-        return (type(a), tuple(a.shape), str(a.dtype), self.device(a))
-
-    def device(self, a) -> tuple:
-        dev = a.__dlpack_device__()
-        return (int(dev[0]), int(dev[1]))
-
-    def shape(self, a) -> tuple:
-        return tuple(a.shape)
-
-    def dtype_name(self, a, argname: str = "array") -> str:
-        """The dtype's name for dispatch and dtype checks (slow path only: once per call
-        pattern); an adapter may refuse here, naming argname, a dtype its library cannot
-        hand over."""
-        return str(a.dtype).rsplit(".", 1)[-1]
-
-    def export_fallback(self, a, argname: str):
-        """Called by the core only when a.__dlpack__ raised BufferError: None (that error
-        stands), or (exportable, DLPack dtype code, bits) to take instead, zero-copy."""
-        return None
-
-    def strides(self, a):
-        return None  # unknown: outputs are allocated contiguous
-
-    def namespace(self, a):
-        return a.__array_namespace__()
-
-    def empty(self, like, shape, channels_last):
-        xp = self.namespace(like)
-        if channels_last:
-            buf, perm = _channels_last_empty(xp.empty, shape, dtype=like.dtype, device=like.device)
-            return xp.permute_dims(buf, perm)
-        return xp.empty(shape, dtype=like.dtype, device=like.device)
-
-    def stream(self, like):
-        # For a bare DLPack GPU array, the legacy default stream (DLPack's stream=1) is the
-        # one both sides agree on without knowing each other. DLPack has no 1 on ROCm: None
-        # there is the default stream, and the shim is handed the same (NULL).
-        device_type = self.device(like)[0]
-        return None if device_type in (CPU, ROCM) else 1
-
-    def sum_over(self, a, axes):
-        """a summed over axes, in a's dtype (conv_backward_bias)."""
-        return a.sum(axis=axes)
-
-    def workspace(self, like, nbytes):
-        xp = self.namespace(like)
-        return xp.empty((nbytes,), dtype=xp.uint8, device=like.device)
+# The names this module had before providers (tests and benchmarks use them).
+ArrayAPIAdapter = Provider
+_channels_last_empty = channels_last_empty
+adapter_for = provider_for
 
 
 def _is_ml_bfloat16(dtype) -> bool:
@@ -126,9 +61,10 @@ def _numpy_empty(*args, **kwargs):
     return numpy.empty(*args, **kwargs)
 
 
-class NumpyAdapter(ArrayAPIAdapter):
+class NumpyProvider(Provider):
     name = "numpy"
     has_views = True
+    core_native = True  # the core reads ndarrays and makes them itself (numpy_arrays.cpp)
     # key(a) = (a.shape, a.strides, a.dtype.num), read in C (no Python frame per array). The
     # type number hashes faster than the dtype; it leaves out the byte order, which changes
     # no decision here (the core refuses a non-native byte order on every call). The type
@@ -161,7 +97,7 @@ class NumpyAdapter(ArrayAPIAdapter):
 
     def empty(self, like, shape, channels_last):
         if channels_last:
-            buf, perm = _channels_last_empty(_numpy_empty, shape, dtype=like.dtype)
+            buf, perm = channels_last_empty(_numpy_empty, shape, dtype=like.dtype)
             return buf.transpose(perm)
         return _numpy_empty(shape, like.dtype)
 
@@ -185,7 +121,7 @@ def _torch_to_dlpack(tensor):
     return to_dlpack(tensor)
 
 
-class TorchAdapter(ArrayAPIAdapter):
+class TorchProvider(Provider):
     name = "torch"
     has_views = True
     exports_itself = False
@@ -223,16 +159,19 @@ class TorchAdapter(ArrayAPIAdapter):
             return like.new_empty((shape[0], *shape[2:], shape[1])).permute(0, n - 1, *range(1, n - 1))
         return like.new_empty(shape)  # like's dtype and device, with less argument parsing
 
-    def stream(self, like):
-        if like.device.type == "cpu":
+    def streams(self, like):
+        kind = like.device.type
+        if kind == "cpu":
             return None
         import torch
 
-        if like.device.type == "mps":
+        if kind == "mps":
             # DLPack carries no Metal stream: torch's queued MPS work finishes before the MPS
             # shim reads the tensors (the shim finishes its own work before it returns).
             torch.mps.synchronize()
             return None
+        if kind == "xpu":
+            return _xpu_streams(torch, like)
         stream = torch.cuda.current_stream(like.device).cuda_stream
         if torch.version.hip is not None:
             return stream  # ROCm (torch.cuda is HIP there): 0 is DLPack's default stream
@@ -245,7 +184,20 @@ class TorchAdapter(ArrayAPIAdapter):
         return torch.empty((nbytes,), dtype=torch.uint8, device=like.device)
 
 
-class CupyAdapter(ArrayAPIAdapter):
+def _xpu_streams(torch, like) -> Streams:
+    """torch XPU (Intel GPU, SYCL): the shim enqueues on the current stream's SYCL queue and
+    __dlpack__ gets no stream.
+
+    Written from PyTorch's documentation, NOT run here (no XPU device or XPU build of torch on
+    this machine): torch.xpu.current_stream(device) returns a torch.xpu.Stream whose
+    ``sycl_queue`` is "the sycl_queue_t" (a ``sycl::queue*``) as an int, and XPU tensors
+    export DLPack as (kDLOneAPI = 14, index). Tensor.__dlpack__(stream=) is documented for
+    CUDA/ROCm stream ints only, so None is sent: torch's XPU queues are in-order, and work on
+    the current queue is ordered after what torch already enqueued there."""
+    return Streams(torch.xpu.current_stream(like.device).sycl_queue, None)
+
+
+class CupyProvider(Provider):
     name = "cupy"
     has_views = True
 
@@ -268,7 +220,7 @@ class CupyAdapter(ArrayAPIAdapter):
 
         with like.device:
             if channels_last:
-                buf, perm = _channels_last_empty(cupy.empty, shape, dtype=like.dtype)
+                buf, perm = channels_last_empty(cupy.empty, shape, dtype=like.dtype)
                 return buf.transpose(perm)
             return cupy.empty(shape, dtype=like.dtype)
 
@@ -288,7 +240,7 @@ class CupyAdapter(ArrayAPIAdapter):
             return cupy.empty((nbytes,), dtype=cupy.uint8)
 
 
-class MlxAdapter(ArrayAPIAdapter):
+class MlxProvider(Provider):
     """MLX arrays (MLX >= 0.32 exports kDLMetal). Lazy and without strides of their own:
     outputs are allocated contiguous and evaluated, so they have memory to be written."""
 
@@ -330,38 +282,11 @@ class MlxAdapter(ArrayAPIAdapter):
         return out
 
 
-_BY_MODULE = {"numpy": NumpyAdapter(), "torch": TorchAdapter(), "cupy": CupyAdapter(), "mlx": MlxAdapter()}
-_GENERIC = ArrayAPIAdapter()
-_BY_TYPE: dict = {}  # array type -> its adapter, filled by adapter_for
+class JaxProvider(Provider):
+    """JAX arrays (jaxlib's ArrayImpl): DLPack and the array API, immutable (no views)."""
+
+    name = "jax"
 
 
-def adapter_for(a, argname: str):
-    """The adapter for an array's type; TypeError naming the argument if it has no DLPack."""
-    t = type(a)
-    adapter = _BY_TYPE.get(t)
-    if adapter is not None:
-        return adapter
-    if t is type(None):
-        raise TypeError(f"{argname}: expected an array, got None")
-    root = t.__module__.split(".", 1)[0]
-    adapter = _BY_MODULE.get(root)
-    if adapter is None:
-        if not hasattr(a, "__dlpack__") or not hasattr(a, "__dlpack_device__"):
-            raise TypeError(
-                f"{argname}: expected an array that supports DLPack (__dlpack__ and "
-                f"__dlpack_device__), such as a NumPy, CuPy, PyTorch or JAX array; got {t.__module__}.{t.__qualname__}"
-            )
-        adapter = _GENERIC
-    if not hasattr(a, "__dlpack__"):
-        raise TypeError(f"{argname}: expected an array that supports DLPack, got {t.__module__}.{t.__qualname__}")
-    _BY_TYPE[t] = adapter
-    return adapter
-
-
-def _export_fallback(a, argname: str):
-    t = type(a)
-    adapter = _BY_TYPE.get(t) or _BY_MODULE.get(t.__module__.split(".", 1)[0])
-    return None if adapter is None else adapter.export_fallback(a, argname)
-
-
-_core.set_export_fallback(_export_fallback)
+# The old adapter names (tests and benchmarks use them).
+NumpyAdapter, TorchAdapter, CupyAdapter, MlxAdapter = NumpyProvider, TorchProvider, CupyProvider, MlxProvider

@@ -1,22 +1,23 @@
 """The convolution ops: argument rules, dispatch to the shims of the arrays' device, and the
 per-call fast path.
 
-Every argument is checked here, before any vendor call, and a bad one raises ValueError or
-TypeError naming the argument, its value and the rule. A validated call pattern (shapes,
-dtypes, devices, layout, geometry, options) is remembered, so a repeated call costs one dict
-lookup, an output allocation and one call into the core, whose plan cache holds the vendor
-plan. NumPy forward patterns without keyword options are also handed to the core's own memo
-(_core.remember_forward), which answers the next such call with no Python frame of ours
-(_api tries it first); this memo stays the one that validates, and forgets the core's with
-its own. The keyword options of a call arrive as one ConvOptions (see _options).
-"""
+One path serves every array library: its provider (flux_dnn.providers) reads the arrays,
+allocates outputs and names the streams; nothing here names a library. Every argument is
+checked here, before any vendor call, and a bad one raises ValueError or TypeError naming
+the argument, its value and the rule. A validated call pattern (shapes, dtypes, devices,
+layout, geometry, options) is remembered, so a repeated call costs one dict lookup, an
+output allocation and one call into the core, whose plan cache holds the vendor plan.
+Forward patterns without keyword options whose arrays the core reads natively (a provider's
+``core_native``: NumPy's) are also handed to the core (_Memo.hand_to_core), which answers the
+next such call with no Python frame of ours (_api tries it first); this memo stays the one
+that validates, and forgets the core's copy with its own. The keyword options of a call
+arrive as one ConvOptions (see _options)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
 from . import _core, _progress
-from ._adapters import _BY_TYPE, adapter_for
 from ._discovery import REGISTRY, device_name
 from ._geometry import (
     KERNEL,
@@ -34,6 +35,8 @@ from ._geometry import (
 )
 from ._options import ACTIVATIONS, ConvOptions
 from ._options import DEFAULT as DEFAULT_OPTIONS
+from .providers import _BY_TYPE
+from .providers import provider_for as adapter_for
 
 __all__ = ["ACTIVATIONS", "BACKWARD_DATA", "BACKWARD_WEIGHT", "FORWARD", "ConvPlan"]
 
@@ -46,8 +49,17 @@ _MEMO_LIMIT = 4096
 
 
 class _Memo(dict):
-    """call pattern -> _Prepared (or _Transposed). The core remembers the NumPy forward
-    patterns served from here (_core.remember_forward); forgetting these forgets those."""
+    """call pattern -> _Prepared (or _Transposed): the one memo of validated call patterns,
+    for every provider. The core keeps a copy of the forward patterns whose arrays it reads
+    and allocates natively (a provider's ``core_native``), so that it answers their next call
+    with no Python frame (_core.remembered_forward, tried first by _api); this class is the
+    only writer of that copy: it hands patterns over and forgets them with its own."""
+
+    def hand_to_core(self, nd, x, w, bias, stride, padding, dilation, groups, served, out) -> None:
+        """Remember in the core a forward pattern just served into out, without keyword
+        options, when x's provider is core-native (else the core could not read the next call)."""
+        if _BY_TYPE[type(x)].core_native:
+            _core.remember_forward(nd, x, w, bias, stride, padding, dilation, groups, served.shim, served.spec, out)
 
     def clear(self):
         _core.forget_forwards()
@@ -305,7 +317,7 @@ def _run_exported(prepared: _Prepared, x, w, y, bias, like) -> None:
     """The core call with each array exported by its library, on like's stream on GPUs."""
     if prepared.gpu:
         adapter = _BY_TYPE[type(like)]
-        stream, workspace = adapter.stream(like), lambda n: adapter.workspace(like, n)
+        stream, workspace = adapter.streams(like), lambda n: adapter.workspace(like, n)
     else:
         stream = workspace = None
     x, w, y, bias = _export(x), _export(w), _export(y), _export(bias, "bias")
@@ -389,9 +401,8 @@ def forward(nd: int, x, w, bias, stride, padding, dilation, groups, options: Con
         moved = _execute(prepared, False, x, w, out, bias, x)
     if moved is not None:
         _remember(key, moved)
-    if core_may_remember and direct and _BY_TYPE[type(x)].name == "numpy":  # the core answers it next time
-        served = moved or prepared
-        _core.remember_forward(nd, x, w, bias, stride, padding, dilation, groups, served.shim, served.spec, out)
+    if core_may_remember and direct:
+        _memo.hand_to_core(nd, x, w, bias, stride, padding, dilation, groups, moved or prepared, out)
     return out
 
 
@@ -675,7 +686,7 @@ class ConvPlan(_core.PlanCall):
         # capsule (torch's fast exporter) to a GPU plan
         self._w = None if self._packed.packed else w
         self._gpu, self._direct = prepared.gpu, prepared.direct
-        if prepared.direct and xo.adapter.name == "numpy":  # the core makes the output itself
+        if prepared.direct and xo.adapter.core_native:  # the core makes the output itself
             self._bind_fast(self._packed, bias, type(x))
         self.input_shape, self.output_shape, self.dtype = xo.shape, prepared.out_shape, xo.dtype
 
@@ -684,7 +695,8 @@ class ConvPlan(_core.PlanCall):
         """The packed plan of the first shim that takes the problem (as _call_elsewhere), and
         that shim's name (``plan.shim``: what serves every call of the plan)."""
         problem = prepared.problem
-        stream = _BY_TYPE[type(x)].stream(x)
+        adapter = _BY_TYPE[type(x)]
+        stream = adapter.streams(x) if prepared.gpu else None
         said = []
         for entry in _candidates(problem):
             spec = prepared.spec if entry.shim is prepared.shim else _spec(problem, entry.shim)
@@ -725,7 +737,7 @@ class ConvPlan(_core.PlanCall):
     def _call_exported(self, x, out):
         adapter = self._adapter
         if self._gpu:
-            stream, workspace = adapter.stream(x), lambda n: adapter.workspace(x, n)
+            stream, workspace = adapter.streams(x), lambda n: adapter.workspace(x, n)
         else:
             stream = workspace = None
         args = (adapter.export(x), _export(out), _export(self._bias, "bias"), stream, workspace)

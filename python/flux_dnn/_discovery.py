@@ -46,14 +46,29 @@ def onednn_wheel_here() -> bool:
     return sys.platform == "linux" and platform.machine() == "x86_64"
 
 
-_CPU_WHEELS = "onednn-cpu-gomp and scipy-openblas32 wheels" if onednn_wheel_here() else "scipy-openblas32 wheel"
-# What a user installs to get a shim for a device type.
-INSTALL_HINTS = {
-    _core.DEVICE_CPU: f"pip install flux-dnn (its CPU shims need the {_CPU_WHEELS})",
-    _core.DEVICE_CUDA: "pip install flux-dnn-cuda13 (or flux-dnn-cuda12 for CUDA 12)",
-    _core.DEVICE_METAL: "pip install flux-dnn on macOS 14 or later (the MPS shim is built into it there)",
-    _core.DEVICE_ROCM: "pip install flux-dnn-rocm",
-}
+HINTS_GROUP = "flux_dnn.install_hints"
+_hints: dict | None = None  # device type -> hint, read once from HINTS_GROUP
+
+
+def install_hint(device_type: int) -> str:
+    """What to install for a device type no installed shim serves: from the entry-point group
+    ``flux_dnn.install_hints``, whose entry points each give a {DLPack device type: text}
+    dict (or a zero-argument callable returning one). flux-dnn registers its own there; a
+    plug-in package's entry overrides flux-dnn's for the device types it names. A broken
+    entry point is skipped: a hint must never hide the error it decorates."""
+    global _hints
+    if _hints is None:
+        found: dict = {}
+        own: dict = {}
+        for ep in importlib.metadata.entry_points(group=HINTS_GROUP):
+            try:
+                value = ep.load()
+                given = dict(value() if callable(value) else value)
+            except Exception:  # noqa: BLE001, S112 -- see above
+                continue
+            (own if ep.value.startswith("flux_dnn.") else found).update(given)
+        _hints = {**own, **found}
+    return _hints.get(device_type, "a flux_dnn shim package for that device")
 
 
 def device_name(device_type: int) -> str:
@@ -365,7 +380,7 @@ class Registry:
     @staticmethod
     def _unavailable_message(device_type: int, failures: list) -> str:
         device = device_name(device_type)
-        hint = INSTALL_HINTS.get(device_type, "a flux_dnn shim package for that device")
+        hint = install_hint(device_type)
         if not failures:
             return (
                 f"no flux_dnn shim is installed for {device} arrays (DLPack device type {device_type}); "

@@ -1,4 +1,6 @@
-"""The array libraries the conformance suite feeds to flux_dnn, one small class each.
+"""The array libraries the conformance suite feeds to flux_dnn, one small class each: flux-dnn's
+own (their base class, ArrayLibrary, is flux_dnn.conformance's), and those that installed
+plug-in packages register (entry-point group ``flux_dnn.conformance_libraries``).
 
 A library serves one DLPack device type (NumPy the CPU; CuPy CUDA; PyTorch and JAX either,
 as two entries). Each class turns float64 NumPy values into its own arrays of a dtype and
@@ -8,107 +10,23 @@ knows about shims."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 
 import numpy as np
 
-CPU, CUDA, METAL, ROCM = 1, 2, 8, 10  # DLPack device types
-DEVICE_WORDS = {CPU: "CPU", CUDA: "CUDA", METAL: "Metal", ROCM: "ROCm"}
-LAYOUTS = ("contiguous", "channels_last")
-
-
-def _channels_last_perm(ndim: int) -> tuple:
-    """(to (N, *spatial, C), back to (N, C, *spatial))."""
-    return (0, *range(2, ndim), 1), (0, ndim - 1, *range(1, ndim - 1))
-
-
-class ArrayLibrary:
-    name = ""  # the module's name
-    device_type = CPU
-    #: whether flux_dnn may write into an existing array of this library (out=)
-    writable = True
-    #: whether its arrays have strides of their own (channels-last, views with gaps)
-    strided = True
-
-    def __init__(self):
-        self.module = None
-
-    # -- availability ------------------------------------------------------------------
-    def unavailable(self):
-        """None, or why this library cannot hold arrays of its device here."""
-        if importlib.util.find_spec(self.name) is None:
-            return f"{self.name} is not installed"
-        return None
-
-    def load(self):
-        if self.module is None:
-            self.module = importlib.import_module(self.name)
-        return self
-
-    def missing_dtype(self, dtype: str):
-        """None, or why this library has no arrays of `dtype` here."""
-        return None
-
-    def missing_layout(self, layout: str):
-        if layout != "contiguous" and not self.strided:
-            return f"{self.name} arrays carry no strides (the library picks their layout)"
-        return None
-
-    def context(self):
-        """Entered around each test (JAX's float64 switch)."""
-        return contextlib.nullcontext()
-
-    # -- arrays ------------------------------------------------------------------------
-    def array(self, values, dtype: str, layout: str = "contiguous"):
-        """values (float64 NumPy, exact in `dtype`) as this library's array."""
-        raise NotImplementedError
-
-    def numpy(self, a) -> np.ndarray:
-        """An array of this library as float64 NumPy."""
-        raise NotImplementedError
-
-    def nan(self, shape, dtype: str, layout: str = "contiguous"):
-        """A poisoned output: every element NaN, so any element a call leaves unwritten shows."""
-        return self.array(np.full(shape, np.nan), dtype, layout)
-
-    def is_array(self, a) -> bool:
-        raise NotImplementedError
-
-    def dtype_name(self, a) -> str:
-        return str(a.dtype).replace("torch.", "")
-
-    def element_strides(self, a):
-        """Strides in elements, or None when the library does not expose them."""
-        return None
-
-    def stream(self):
-        """A context manager that makes a stream other than the default current, or None."""
-        return None
-
-    def synchronize(self):
-        pass
-
-    def source(self, shape: tuple, dtype: str) -> str:
-        """Python source that builds an array of ones of this library (for subprocess tests)."""
-        raise NotImplementedError
-
-    # -- shared ------------------------------------------------------------------------
-    def has_layout(self, a, layout: str) -> bool:
-        """Whether a's strides are those of `layout` (dims of size 1 may have any stride)."""
-        strides = self.element_strides(a)
-        if strides is None:
-            return True
-        order = _channels_last_perm(len(a.shape))[0] if layout == "channels_last" else range(len(a.shape))
-        expected, step = [0] * len(a.shape), 1
-        for d in reversed(list(order)):
-            expected[d] = step
-            step *= a.shape[d]
-        return all(s == 1 or x == y for s, x, y in zip(a.shape, strides, expected))
-
-    def __repr__(self):
-        return f"{self.name}[{DEVICE_WORDS.get(self.device_type, self.device_type)}]"
+from flux_dnn.conformance import (  # noqa: F401 (the suite imports these names from here)
+    CPU,
+    CUDA,
+    DEVICE_WORDS,
+    LAYOUTS,
+    METAL,
+    ONEAPI,
+    ROCM,
+    ArrayLibrary,
+    _channels_last_perm,
+    registered_libraries,
+)
 
 
 def numpy_dtype(name: str):
@@ -383,7 +301,12 @@ def with_strides(lib) -> bool:
 
 
 def all_libraries() -> list:
-    """Every library the suite knows, one entry per device type it can hold."""
+    """Every library the suite knows, one entry per device type it can hold: flux-dnn's own,
+    then those installed plug-ins register."""
+    return [*_own_libraries(), *registered_libraries()]
+
+
+def _own_libraries() -> list:
     return [
         NumpyLibrary(),
         TorchLibrary(CPU),
