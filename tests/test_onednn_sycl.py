@@ -1,0 +1,440 @@
+"""The onednn_sycl shim on a real SYCL device (issue 28): every op, dtype, rank and option
+against the float64 reference, on USM memory of dpctl arrays, work on dpctl's own queue.
+
+Here the device is the CPU through Intel's OpenCL CPU runtime (intel-opencl-rt, pinned set of
+scripts/sycl_env.sh); an Intel GPU runs the same tests (scripts/xpu_check.sh). Skipped, with
+the reason, where the shim, dpctl, the SYCL runtime or a device is missing.
+
+The shim library: FLUX_DNN_ONEDNN_SYCL_SHIM, else the installed flux-dnn-sycl's. Each case
+draws fresh random inputs, poisons the output with NaN (beta = 0) and compares the whole
+output (and a bias gradient) with tests/reference.py in float64."""
+
+from __future__ import annotations
+
+import ctypes as C
+import itertools
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import reference as ref
+
+try:  # the plug-in's preload: OCL_ICD_FILENAMES and the libraries, before dpctl lists devices
+    import flux_dnn_sycl
+except ImportError:
+    flux_dnn_sycl = None
+
+dpctl = pytest.importorskip("dpctl", reason="dpctl (the SYCL array library) is not installed")
+dpt = pytest.importorskip("dpctl.tensor")
+
+from abi import fdnn_ctypes as F  # noqa: E402
+from abi.fdnn_ctypes import ABI  # noqa: E402
+
+
+def _library() -> str | None:
+    env = os.environ.get("FLUX_DNN_ONEDNN_SYCL_SHIM")
+    if env:
+        return env
+    if flux_dnn_sycl is not None:
+        return str(flux_dnn_sycl.LIBRARY)
+    return None
+
+
+LIBRARY = _library()
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
+STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+OPS = {"forward": ABI.CONV_FORWARD, "backward_data": ABI.CONV_BACKWARD_DATA, "backward_weight": ABI.CONV_BACKWARD_WEIGHT}
+ACTS = {name.lower(): value for name, value in ABI.group("ACTIVATION_").items()}
+
+
+@pytest.fixture(scope="module")
+def shim():
+    if LIBRARY is None or not os.path.exists(LIBRARY):
+        pytest.skip(f"no onednn_sycl shim library here ({LIBRARY}): pip install flux-dnn-sycl")
+    if flux_dnn_sycl is not None:
+        flux_dnn_sycl.preload()
+    s = F.Shim(LIBRARY)
+    reason = s.reason()
+    if reason is not None:
+        pytest.skip(f"onednn_sycl cannot run here: {reason}")
+    return s
+
+
+@pytest.fixture(scope="module")
+def queue(shim):
+    # An in-order queue, as torch XPU's; test_out_of_order_queue covers dpctl's default kind.
+    return dpctl.SyclQueue(dpctl.select_default_device(), property="in_order")
+
+
+def to_bits(values: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype != "bfloat16":
+        return np.asarray(values).astype(STORAGE[dtype])
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bits(a: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def exact(rng, shape):
+    """Quarters in [-1, 1]: exact in every dtype, so 16-bit results differ by roundings only."""
+    return rng.integers(-4, 5, size=shape) / 4.0
+
+
+class Case:
+    """One problem: NumPy values, dpctl arrays on `queue`, descriptors, plan args."""
+
+    def __init__(self, queue, *, op="forward", dtype="float32", rank=2, groups=1, dilation=1, stride=1,
+                 lo=1, hi=1, bias=False, alpha=1.0, beta=0.0, activation="none", act=(0.0, 0.0),
+                 channels_last=False, policy=0, algo=0, seed=0, sizes=None):
+        rng = np.random.default_rng(seed)
+        self.queue, self.op, self.dtype, self.rank = queue, OPS[op], dtype, rank
+        C_, K = 2 * groups, 3 * groups
+        sp = (sizes or (7, 6, 5))[:rank]
+        ks = (3, 2, 3)[:rank]
+        self.geo = dict(stride=(stride,) * rank, dilation=(dilation,) * rank, lo=(lo,) * rank, hi=(hi,) * rank,
+                        groups=groups)
+        osp = tuple(ref.out_size(sp[i], ks[i], stride, dilation, lo, hi) for i in range(rank))
+        shapes = {"x": (2, C_, *sp), "w": (K, C_ // groups, *ks), "y": (2, K, *osp), "bias": (K,)}
+        self.values = {n: exact(rng, s) for n, s in shapes.items() if n != "bias" or bias}
+        self.out = {OPS["forward"]: "y", OPS["backward_data"]: "x", OPS["backward_weight"]: "w"}[self.op]
+        self.writes_bias = bias and self.op == OPS["backward_weight"]
+        self.alpha, self.beta, self.activation, self.act = alpha, beta, activation, act
+        self.host, self.dev = {}, {}
+        for name, v in self.values.items():
+            h = to_bits(v, dtype)
+            if beta == 0 and (name == self.out or (name == "bias" and self.writes_bias)):
+                h = to_bits(np.full(v.shape, np.nan), dtype)  # poison: an unwritten element shows
+            if channels_last and h.ndim > 2:
+                h = np.moveaxis(np.moveaxis(h, 1, -1).copy(), -1, 1)  # NHWC strides, logical NCHW
+            self.host[name] = h
+            self.dev[name] = dpt.asarray(h, sycl_queue=queue)
+        self.keep = []
+        code, bits = F.DTYPES[dtype]
+        desc = {n: self._descriptor(self.dev.get(n), (code, bits)) for n in ("x", "w", "y", "bias")}
+        self.args = F.new(
+            F.ConvPlanCreateArgs, op=self.op, spatial_rank=rank, groups=groups, alpha=alpha, beta=beta,
+            activation=ACTS[activation], activation_alpha=act[0], activation_beta=act[1],
+            algo_policy=policy, algo_id=algo, workspace_limit=C.c_size_t(-1).value,
+            stream=queue.addressof_ref(), **{n: C.pointer(d) for n, d in desc.items()},
+        )
+        for i in range(rank):
+            self.args.stride[i], self.args.dilation[i] = stride, dilation
+            self.args.padding_lo[i], self.args.padding_hi[i] = lo, hi
+        self.desc = desc
+
+    def _descriptor(self, a, dtype):
+        if a is None:
+            return F.DLTensor(ndim=0)
+        shape = (C.c_int64 * a.ndim)(*a.shape)
+        strides = (C.c_int64 * a.ndim)(*a.strides)  # dpctl strides are in elements
+        self.keep += [shape, strides]
+        return F.DLTensor(data=a.usm_data._pointer, device=F.DLDevice(ABI.DEVICE_ONEAPI, 0), ndim=a.ndim,
+                          dtype=F.DLDataType(dtype[0], dtype[1], 1), shape=shape, strides=strides)
+
+    def pointer(self, name):
+        a = self.dev.get(name)
+        return None if a is None else a.usm_data._pointer
+
+    def run(self, shim, queue=None, workspace_extra=0):
+        err = shim.call("Conv_Plan_Create", self.args)
+        assert err is None, err
+        plan, size = self.args.plan, self.args.workspace_size
+        self.algo_name = self.args.algo_name.decode()
+        try:
+            self.execute(shim, plan, size, queue)
+        finally:
+            shim.destroy(plan)
+
+    def execute(self, shim, plan, size, queue=None, w=True):
+        q = queue or self.queue
+        ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=q) if size else None
+        args = F.new(
+            F.ConvPlanExecuteArgs, plan=plan, x=self.pointer("x"), w=self.pointer("w") if w else None,
+            y=self.pointer("y"), bias=self.pointer("bias"), workspace=ws._pointer if ws else None,
+            workspace_size=size, stream=q.addressof_ref(),
+        )
+        err = shim.call("Conv_Plan_Execute", args)
+        assert err is None, err
+        q.wait()
+
+    def expected(self):
+        v, g = self.values, dict(self.geo)
+        if self.op == OPS["forward"]:
+            r = ref.conv_forward(v["x"], v["w"], v.get("bias"), **g)
+            r = self.alpha * activation_ref(r, self.activation, *self.act)
+        elif self.op == OPS["backward_data"]:
+            r = self.alpha * ref.conv_backward_data(v["y"], v["w"], v["x"].shape, **g)
+        else:
+            r = self.alpha * ref.conv_backward_weight(v["x"], v["y"], v["w"].shape, **g)
+        return r + self.beta * v[self.out] if self.beta else r
+
+    def result(self, name):
+        return from_bits(dpt.asnumpy(self.dev[name]), self.dtype)
+
+    def check(self):
+        """The max error against the reference, relative to the largest magnitude; asserts
+        within the dtype's tolerance and no NaN."""
+        checks = [(self.out, self.expected())]
+        if self.writes_bias:
+            axes = (0, *range(2, self.rank + 2))
+            db = self.alpha * self.values["y"].sum(axis=axes)
+            checks.append(("bias", db + self.beta * self.values["bias"] if self.beta else db))
+        worst = 0.0
+        for name, want in checks:
+            got = self.result(name)
+            assert not np.isnan(got).any(), f"{name}: unwritten (NaN) elements"
+            scale = max(1.0, float(np.abs(want).max()))
+            err = float(np.abs(got - want).max()) / scale
+            assert err <= TOLERANCE[self.dtype] * 4, f"{name}: max error {err:g} (scaled) > {TOLERANCE[self.dtype]}"
+            worst = max(worst, err)
+        ERRORS[self.dtype] = max(ERRORS.get(self.dtype, 0.0), worst)
+        return worst
+
+
+ERRORS: dict = {}
+
+
+def activation_ref(v, name, a, b):
+    import math
+
+    return {
+        "none": lambda: v,
+        "relu": lambda: np.maximum(v, 0),
+        "leaky_relu": lambda: np.where(v >= 0, v, a * v),
+        "clip": lambda: np.clip(v, a, b),
+        "sigmoid": lambda: 1 / (1 + np.exp(-v)),
+        "tanh": lambda: np.tanh(v),
+        "gelu_tanh": lambda: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))),
+        "gelu_erf": lambda: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
+        "silu": lambda: v / (1 + np.exp(-v)),
+    }[name]()
+
+
+def served(shim, op, dtype):
+    caps = shim.capabilities(OPS[op], F.DTYPES[dtype])
+    assert not isinstance(caps, tuple), caps
+    if caps.support == ABI.SUPPORT_NONE:
+        pytest.skip(f"{dtype} {op} not computed on this device: {caps.detail.decode()}")
+    return caps
+
+
+# ------------------------------------------------------------------------------------------
+# The device and the runtime
+
+
+def test_shim_reports_the_sycl_device(shim):
+    info = shim.info()
+    assert info.shim_name == b"onednn_sycl" and info.device_type == ABI.DEVICE_ONEAPI
+    assert info.num_devices == len(dpctl.get_devices()) >= 1
+    assert info.vendor_version_runtime.decode().startswith("3.")
+    d = F.new(F.DeviceDescribeArgs, device_id=0)
+    assert shim.call("Device_Describe", d) is None
+    assert dpctl.get_devices()[0].name in d.name.decode()
+
+
+def test_queue_device_read_through_libsycl_abi(shim, queue):
+    """The shim reads a queue's device and context through libsycl's exported member functions
+    with a layout-compatible sycl::device (one shared_ptr): the engine it makes for dpctl's
+    queue must be the one of dpctl's device (a plan on it runs: the other tests), and a plan
+    made with no stream (device_id's device, its platform's default context) runs on dpctl's
+    default-context queue too (same engine, no rebuild)."""
+    case = Case(queue, seed=11)
+    case.args.stream = None
+    case.run(shim)
+    case.check()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_capabilities_per_dtype(shim, dtype):
+    for op in OPS:
+        caps = shim.capabilities(OPS[op], F.DTYPES[dtype])
+        assert not isinstance(caps, tuple), caps
+        if caps.support != ABI.SUPPORT_NONE:
+            assert caps.features & ABI.FEATURE_GROUPS and caps.features & ABI.FEATURE_ALPHA_BETA
+    assert shim.capabilities(OPS["forward"], F.DTYPES["float32"]).support == ABI.SUPPORT_NATIVE
+
+
+# ------------------------------------------------------------------------------------------
+# Numbers: every op x dtype x rank x option set
+
+OPTION_SETS = {
+    "plain": dict(),
+    "strided_grouped_dilated_asym": dict(stride=2, groups=2, dilation=2, lo=2, hi=0),
+    "alpha_beta": dict(alpha=0.5, beta=0.75),
+    "channels_last_bias": dict(channels_last=True, bias=True),
+    "vendor_layouts": dict(policy=2, algo=1, bias=True, lo=0, hi=2),
+}
+
+
+@pytest.mark.parametrize("options", list(OPTION_SETS))
+@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_matches_float64_reference(shim, queue, op, dtype, rank, options):
+    served(shim, op, dtype)
+    opts = dict(OPTION_SETS[options])
+    if opts.get("bias") and op == "backward_data":
+        opts["bias"] = False  # no bias on backward-data (the header)
+    seed = hash((op, dtype, rank, options)) % 2**32
+    case = Case(queue, op=op, dtype=dtype, rank=rank, seed=seed, **opts)
+    case.run(shim)
+    case.check()
+
+
+@pytest.mark.parametrize("activation,act", [
+    ("relu", (0, 0)), ("leaky_relu", (0.1, 0)), ("clip", (-0.5, 0.5)), ("sigmoid", (0, 0)), ("tanh", (0, 0)),
+    ("gelu_tanh", (0, 0)), ("gelu_erf", (0, 0)), ("silu", (0, 0)),
+])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_activation_with_bias_alpha_beta(shim, queue, dtype, activation, act):
+    served(shim, "forward", dtype)
+    case = Case(queue, dtype=dtype, bias=True, activation=activation, act=act, alpha=0.5, beta=0.25, seed=7)
+    case.run(shim)
+    case.check()
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_transposed_convolution_is_backward_data(shim, queue, rank):
+    """conv_transpose(x, w, stride 2) = backward-data of dy := x, checked against the same
+    reference (tests/reference.py's conv_transpose) as the CPU shims."""
+    case = Case(queue, op="backward_data", rank=rank, stride=2, lo=1, hi=0, seed=5 + rank)
+    case.run(shim)
+    case.check()
+
+
+def test_benchmark_policy_times_on_the_callers_queue(shim, queue):
+    case = Case(queue, policy=1, bias=True, seed=3)
+    case.run(shim)
+    case.check()
+    assert "layouts" in case.algo_name
+
+
+def test_packed_weights(shim, queue):
+    case = Case(queue, bias=True, seed=4)
+    assert shim.call("Conv_Plan_Create", case.args) is None
+    plan = case.args.plan
+    pack = F.new(F.ConvPlanPackWeightsArgs, plan=plan, w=case.pointer("w"), stream=queue.addressof_ref())
+    assert shim.call("Conv_Plan_Pack_Weights", pack) is None
+    shim.destroy(plan)
+    # The caller's weights change afterwards: the packed plan must not see it.
+    dpt.asarray(np.zeros(case.host["w"].shape, case.host["w"].dtype), sycl_queue=queue)
+    case.dev["w"][...] = 0
+    case.execute(shim, pack.packed_plan, pack.workspace_size, w=False)
+    shim.destroy(pack.packed_plan)
+    case.check()
+
+
+def test_out_of_order_queue(shim):
+    """dpctl's default queues are out of order: the shim waits for the queue's earlier work and
+    its own, so the result is there when Conv_Plan_Execute returns."""
+    q = dpctl.SyclQueue(dpctl.select_default_device())
+    assert not q.is_in_order
+    case = Case(q, rank=3, bias=True, seed=9, sizes=(12, 12, 12))
+    err = shim.call("Conv_Plan_Create", case.args)
+    assert err is None, err
+    size = case.args.workspace_size
+    ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=q)
+    args = F.new(F.ConvPlanExecuteArgs, plan=case.args.plan, x=case.pointer("x"), w=case.pointer("w"),
+                 y=case.pointer("y"), bias=case.pointer("bias"), workspace=ws._pointer, workspace_size=size,
+                 stream=q.addressof_ref())
+    assert shim.call("Conv_Plan_Execute", args) is None
+    shim.destroy(case.args.plan)
+    case.check()  # no q.wait() before reading
+
+
+def test_workspace_from_the_caller_is_used(shim, queue):
+    """Vendor layouts stage operands in the workspace: the plan reports it and runs in it."""
+    case = Case(queue, policy=2, algo=1, rank=2, sizes=(16, 16), seed=12)
+    case.run(shim)
+    assert case.args.workspace_size > 0
+    case.check()
+
+
+def test_stream_null_at_execute_is_refused(shim, queue):
+    case = Case(queue, seed=1)
+    assert shim.call("Conv_Plan_Create", case.args) is None
+    size = case.args.workspace_size
+    ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=queue)
+    args = F.new(F.ConvPlanExecuteArgs, plan=case.args.plan, x=case.pointer("x"), w=case.pointer("w"),
+                 y=case.pointer("y"), workspace=ws._pointer, workspace_size=size, stream=None)
+    err = shim.call("Conv_Plan_Execute", args)
+    shim.destroy(case.args.plan)
+    assert err is not None and err[0] == "INVALID_ARGUMENT" and "queue" in err[1], err
+
+
+def test_overlapping_read_tensor_is_unsupported(shim, queue):
+    case = Case(queue, bias=True, seed=2)
+    case.desc["bias"].strides[0] = 0  # a broadcast bias
+    err = shim.call("Conv_Plan_Create", case.args)
+    assert err is not None and err[0] == "UNSUPPORTED" and "overlap" in err[1], err
+
+
+# ------------------------------------------------------------------------------------------
+# Two oneDNNs in one process (sycl_lib.hpp): the CPU shim's 3.2 and the SYCL shim's 3.9 have
+# one soname, libdnnl.so.3. Each order in a fresh interpreter, results against float64.
+
+_BOTH = textwrap.dedent(
+    """
+    import sys, numpy as np
+    sys.path[:0] = {paths!r}
+    import flux_dnn_sycl, flux_dnn
+    order = {order!r}
+    def cpu():
+        x = np.random.default_rng(1).standard_normal((2, 3, 9, 9)).astype(np.float32)
+        w = np.random.default_rng(2).standard_normal((4, 3, 3, 3)).astype(np.float32)
+        import reference as ref
+        y = flux_dnn.conv2d(x, w, padding=1)
+        print("cpu oneDNN", [s.vendor_version_runtime for s in flux_dnn.shims() if s.name == "onednn"])
+        err = np.abs(y - ref.conv_forward(x, w, lo=(1, 1), hi=(1, 1))).max()
+        print("cpu", err)
+        assert err < 1e-4, err
+    def sycl():
+        import dpctl
+        from test_onednn_sycl import LIBRARY, Case, F
+        q = dpctl.SyclQueue(dpctl.select_default_device(), property="in_order")
+        flux_dnn_sycl.preload()
+        shim = F.Shim(LIBRARY)
+        print("sycl oneDNN", shim.info().vendor_version_runtime.decode())
+        case = Case(q, rank=2, bias=True, seed=3)
+        case.run(shim)
+        print("sycl", case.check())
+    for step in order:
+        {{"cpu": cpu, "sycl": sycl}}[step]()
+    import ctypes
+    maps = open("/proc/self/maps").read()
+    print("libdnnl files:", sorted({{l.split()[-1] for l in maps.splitlines() if "libdnnl" in l}}))
+    """
+)
+
+
+@pytest.mark.parametrize("order", [("cpu", "sycl"), ("sycl", "cpu")], ids=["cpu_first", "sycl_first"])
+def test_cpu_and_sycl_onednn_in_one_process(shim, order):
+    pytest.importorskip("flux_dnn")
+    if flux_dnn_sycl is None:
+        pytest.skip("flux_dnn_sycl is not installed")
+    import flux_dnn
+
+    if not any(s.name == "onednn" and s.usable for s in flux_dnn.shims()):
+        pytest.skip("the oneDNN CPU shim is not usable here")
+    here = pathlib.Path(__file__).resolve().parent
+    code = _BOTH.format(paths=[str(here), str(here / "abi")], order=list(order))
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=here, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cpu" in r.stdout and "sycl" in r.stdout, r.stdout
+    files = r.stdout.split("libdnnl files:")[-1]
+    assert "libdnnl.so.3.9" in files, files
+
+
+def test_report_max_errors():
+    """Prints the largest scaled error per dtype seen by this module's cases (run last)."""
+    print("onednn_sycl max scaled error vs float64:", {k: f"{v:.3g}" for k, v in sorted(ERRORS.items())})
