@@ -12,7 +12,6 @@ output (and a bias gradient) with tests/reference.py in float64."""
 from __future__ import annotations
 
 import ctypes as C
-import itertools
 import os
 import pathlib
 import subprocess
@@ -48,7 +47,11 @@ def _library() -> str | None:
 LIBRARY = _library()
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
-OPS = {"forward": ABI.CONV_FORWARD, "backward_data": ABI.CONV_BACKWARD_DATA, "backward_weight": ABI.CONV_BACKWARD_WEIGHT}
+OPS = {
+    "forward": ABI.CONV_FORWARD,
+    "backward_data": ABI.CONV_BACKWARD_DATA,
+    "backward_weight": ABI.CONV_BACKWARD_WEIGHT,
+}
 ACTS = {name.lower(): value for name, value in ABI.group("ACTIVATION_").items()}
 
 
@@ -92,16 +95,37 @@ def exact(rng, shape):
 class Case:
     """One problem: NumPy values, dpctl arrays on `queue`, descriptors, plan args."""
 
-    def __init__(self, queue, *, op="forward", dtype="float32", rank=2, groups=1, dilation=1, stride=1,
-                 lo=1, hi=1, bias=False, alpha=1.0, beta=0.0, activation="none", act=(0.0, 0.0),
-                 channels_last=False, policy=0, algo=0, seed=0, sizes=None):
+    def __init__(
+        self,
+        queue,
+        *,
+        op="forward",
+        dtype="float32",
+        rank=2,
+        groups=1,
+        dilation=1,
+        stride=1,
+        lo=1,
+        hi=1,
+        bias=False,
+        alpha=1.0,
+        beta=0.0,
+        activation="none",
+        act=(0.0, 0.0),
+        channels_last=False,
+        policy=0,
+        algo=0,
+        seed=0,
+        sizes=None,
+    ):
         rng = np.random.default_rng(seed)
         self.queue, self.op, self.dtype, self.rank = queue, OPS[op], dtype, rank
         C_, K = 2 * groups, 3 * groups
         sp = (sizes or (7, 6, 5))[:rank]
         ks = (3, 2, 3)[:rank]
-        self.geo = dict(stride=(stride,) * rank, dilation=(dilation,) * rank, lo=(lo,) * rank, hi=(hi,) * rank,
-                        groups=groups)
+        self.geo = dict(
+            stride=(stride,) * rank, dilation=(dilation,) * rank, lo=(lo,) * rank, hi=(hi,) * rank, groups=groups
+        )
         osp = tuple(ref.out_size(sp[i], ks[i], stride, dilation, lo, hi) for i in range(rank))
         shapes = {"x": (2, C_, *sp), "w": (K, C_ // groups, *ks), "y": (2, K, *osp), "bias": (K,)}
         self.values = {n: exact(rng, s) for n, s in shapes.items() if n != "bias" or bias}
@@ -121,10 +145,20 @@ class Case:
         code, bits = F.DTYPES[dtype]
         desc = {n: self._descriptor(self.dev.get(n), (code, bits)) for n in ("x", "w", "y", "bias")}
         self.args = F.new(
-            F.ConvPlanCreateArgs, op=self.op, spatial_rank=rank, groups=groups, alpha=alpha, beta=beta,
-            activation=ACTS[activation], activation_alpha=act[0], activation_beta=act[1],
-            algo_policy=policy, algo_id=algo, workspace_limit=C.c_size_t(-1).value,
-            stream=queue.addressof_ref(), **{n: C.pointer(d) for n, d in desc.items()},
+            F.ConvPlanCreateArgs,
+            op=self.op,
+            spatial_rank=rank,
+            groups=groups,
+            alpha=alpha,
+            beta=beta,
+            activation=ACTS[activation],
+            activation_alpha=act[0],
+            activation_beta=act[1],
+            algo_policy=policy,
+            algo_id=algo,
+            workspace_limit=C.c_size_t(-1).value,
+            stream=queue.addressof_ref(),
+            **{n: C.pointer(d) for n, d in desc.items()},
         )
         for i in range(rank):
             self.args.stride[i], self.args.dilation[i] = stride, dilation
@@ -137,8 +171,14 @@ class Case:
         shape = (C.c_int64 * a.ndim)(*a.shape)
         strides = (C.c_int64 * a.ndim)(*a.strides)  # dpctl strides are in elements
         self.keep += [shape, strides]
-        return F.DLTensor(data=a.usm_data._pointer, device=F.DLDevice(ABI.DEVICE_ONEAPI, 0), ndim=a.ndim,
-                          dtype=F.DLDataType(dtype[0], dtype[1], 1), shape=shape, strides=strides)
+        return F.DLTensor(
+            data=a.usm_data._pointer,
+            device=F.DLDevice(ABI.DEVICE_ONEAPI, 0),
+            ndim=a.ndim,
+            dtype=F.DLDataType(dtype[0], dtype[1], 1),
+            shape=shape,
+            strides=strides,
+        )
 
     def pointer(self, name):
         a = self.dev.get(name)
@@ -158,9 +198,15 @@ class Case:
         q = queue or self.queue
         ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=q) if size else None
         args = F.new(
-            F.ConvPlanExecuteArgs, plan=plan, x=self.pointer("x"), w=self.pointer("w") if w else None,
-            y=self.pointer("y"), bias=self.pointer("bias"), workspace=ws._pointer if ws else None,
-            workspace_size=size, stream=q.addressof_ref(),
+            F.ConvPlanExecuteArgs,
+            plan=plan,
+            x=self.pointer("x"),
+            w=self.pointer("w") if w else None,
+            y=self.pointer("y"),
+            bias=self.pointer("bias"),
+            workspace=ws._pointer if ws else None,
+            workspace_size=size,
+            stream=q.addressof_ref(),
         )
         err = shim.call("Conv_Plan_Execute", args)
         assert err is None, err
@@ -290,10 +336,19 @@ def test_matches_float64_reference(shim, queue, op, dtype, rank, options):
     case.check()
 
 
-@pytest.mark.parametrize("activation,act", [
-    ("relu", (0, 0)), ("leaky_relu", (0.1, 0)), ("clip", (-0.5, 0.5)), ("sigmoid", (0, 0)), ("tanh", (0, 0)),
-    ("gelu_tanh", (0, 0)), ("gelu_erf", (0, 0)), ("silu", (0, 0)),
-])
+@pytest.mark.parametrize(
+    "activation,act",
+    [
+        ("relu", (0, 0)),
+        ("leaky_relu", (0.1, 0)),
+        ("clip", (-0.5, 0.5)),
+        ("sigmoid", (0, 0)),
+        ("tanh", (0, 0)),
+        ("gelu_tanh", (0, 0)),
+        ("gelu_erf", (0, 0)),
+        ("silu", (0, 0)),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_activation_with_bias_alpha_beta(shim, queue, dtype, activation, act):
     served(shim, "forward", dtype)
@@ -343,9 +398,17 @@ def test_out_of_order_queue(shim):
     assert err is None, err
     size = case.args.workspace_size
     ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=q)
-    args = F.new(F.ConvPlanExecuteArgs, plan=case.args.plan, x=case.pointer("x"), w=case.pointer("w"),
-                 y=case.pointer("y"), bias=case.pointer("bias"), workspace=ws._pointer, workspace_size=size,
-                 stream=q.addressof_ref())
+    args = F.new(
+        F.ConvPlanExecuteArgs,
+        plan=case.args.plan,
+        x=case.pointer("x"),
+        w=case.pointer("w"),
+        y=case.pointer("y"),
+        bias=case.pointer("bias"),
+        workspace=ws._pointer,
+        workspace_size=size,
+        stream=q.addressof_ref(),
+    )
     assert shim.call("Conv_Plan_Execute", args) is None
     shim.destroy(case.args.plan)
     case.check()  # no q.wait() before reading
@@ -364,18 +427,47 @@ def test_stream_null_at_execute_is_refused(shim, queue):
     assert shim.call("Conv_Plan_Create", case.args) is None
     size = case.args.workspace_size
     ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=queue)
-    args = F.new(F.ConvPlanExecuteArgs, plan=case.args.plan, x=case.pointer("x"), w=case.pointer("w"),
-                 y=case.pointer("y"), workspace=ws._pointer, workspace_size=size, stream=None)
+    args = F.new(
+        F.ConvPlanExecuteArgs,
+        plan=case.args.plan,
+        x=case.pointer("x"),
+        w=case.pointer("w"),
+        y=case.pointer("y"),
+        workspace=ws._pointer,
+        workspace_size=size,
+        stream=None,
+    )
     err = shim.call("Conv_Plan_Execute", args)
     shim.destroy(case.args.plan)
     assert err is not None and err[0] == "INVALID_ARGUMENT" and "queue" in err[1], err
 
 
-def test_overlapping_read_tensor_is_unsupported(shim, queue):
-    case = Case(queue, bias=True, seed=2)
-    case.desc["bias"].strides[0] = 0  # a broadcast bias
-    err = shim.call("Conv_Plan_Create", case.args)
-    assert err is not None and err[0] == "UNSUPPORTED" and "overlap" in err[1], err
+@pytest.mark.parametrize("algo", [0, 1])
+@pytest.mark.parametrize("op", list(OPS))
+def test_overlapping_read_tensors_are_gathered(shim, queue, op, algo):
+    """A broadcast (stride 0) and a sliding window (stride 1 on C, as W): valid by the header,
+    refused by oneDNN's descriptors, gathered by the shim slice by slice into the workspace."""
+    read = {"forward": "x", "backward_data": "y", "backward_weight": "x"}[op]
+    case = Case(queue, op=op, policy=2, algo=algo, bias=op == "forward", seed=21)
+    a = case.dev[read]
+    window = dpt.asarray(exact(np.random.default_rng(5), (a.size,)), dtype=a.dtype, sycl_queue=queue)
+    # C (dim 1) steps 1 element, as the last dim does: neighbouring channels share elements.
+    strides = list(a.strides)
+    strides[1] = 1
+    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
+    host = dpt.asnumpy(window)[:span]
+    case.values[read] = np.lib.stride_tricks.as_strided(
+        host.astype(np.float64), a.shape, [s * 8 for s in strides]
+    ).copy()
+    case.dev[read] = window
+    case.desc[read].data = window.usm_data._pointer
+    case.desc[read].strides[1] = 1
+    if op == "forward":  # and a broadcast bias: one value, stride 0
+        b = case.dev["bias"]
+        case.values["bias"] = np.full(b.shape, case.values["bias"][0])
+        case.desc["bias"].strides[0] = 0
+    case.run(shim)
+    case.check()
 
 
 # ------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import numpy as np
 import reference as ref
 
 from . import fdnn_ctypes as F
+from . import sycl_usm
 from .fdnn_ctypes import ABI
 
 ACTIVATIONS = {name.lower(): value for name, value in ABI.group("ACTIVATION_").items()}
@@ -50,7 +51,11 @@ class Problem:
         seed=0,
     ):
         info = shim.info()
-        self.cpu = info.device_type == ABI.DEVICE_CPU
+        # Whether the operands are host-visible and the problem executes: CPU shims, and a
+        # SYCL shim on USM shared memory (sycl_usm.py) with its queue as the stream.
+        self.usm = info.device_type == ABI.DEVICE_ONEAPI and info.num_devices > 0 and sycl_usm.available()
+        self.cpu = info.device_type == ABI.DEVICE_CPU or self.usm
+        self.stream = sycl_usm.stream() if self.usm else None
         self.device = (info.device_type, 0)
         self.op, self.dtype, self.rank = OPS[op], dtype, rank
         rng = np.random.default_rng(seed)
@@ -70,6 +75,8 @@ class Problem:
             del self.values["bias"]
         storage = NUMPY.get(dtype, np.uint16)
         self.arrays = {name: self._store(v, storage) for name, v in self.values.items()}
+        if self.usm:
+            self.arrays = {name: sycl_usm.copy(a) for name, a in self.arrays.items()}
         self.out = {ABI.CONV_FORWARD: "y", ABI.CONV_BACKWARD_DATA: "x", ABI.CONV_BACKWARD_WEIGHT: "w"}[self.op]
         self.writes_bias = bias and self.op == ABI.CONV_BACKWARD_WEIGHT
         for name in (self.out, "bias") if beta == 0 else ():
@@ -93,6 +100,7 @@ class Problem:
             flags=flags,
             algo_policy=policy,
             workspace_limit=C.c_size_t(-1).value,
+            stream=self.stream,
             **{name: C.pointer(d) for name, d in descriptors.items()},
         )
         for i in range(rank):
@@ -124,7 +132,7 @@ class Problem:
         )
 
     def execute_args(self, plan, workspace_size, **pointers):
-        raw = np.empty(workspace_size + 64, np.uint8)
+        raw = sycl_usm.workspace(workspace_size + 64) if self.usm else np.empty(workspace_size + 64, np.uint8)
         ws = raw.ctypes.data + (-raw.ctypes.data) % 64
         fields = {name: a.ctypes.data for name, a in self.arrays.items()}
         fields.update(pointers)
@@ -133,6 +141,7 @@ class Problem:
             plan=plan,
             workspace=ws if workspace_size else None,
             workspace_size=workspace_size,
+            stream=self.stream,
             **fields,
         )
         args._keep = raw

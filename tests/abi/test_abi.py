@@ -25,6 +25,7 @@ import flux_dnn
 from flux_dnn import _core
 
 from . import fdnn_ctypes as F
+from . import sycl_usm
 from .fdnn_ctypes import ABI
 from .problems import ACTIVATIONS, OPS, Problem, check_result, plan, run_and_check
 from .shims import INCLUDE_DIR, SOURCES, compile_fake
@@ -43,7 +44,10 @@ def usable(shim) -> F.ShimInfoArgs:
 
 
 def on_cpu(shim) -> None:
-    if usable(shim).device_type != ABI.DEVICE_CPU:
+    info = usable(shim)
+    if info.device_type == ABI.DEVICE_ONEAPI and sycl_usm.available():
+        return  # a SYCL shim executes on USM shared memory (sycl_usm.py)
+    if info.device_type != ABI.DEVICE_CPU:
         pytest.skip("executes on CPU shims only: device memory needs an array library (conformance suite)")
 
 
@@ -286,7 +290,7 @@ def _valid_args(shim, function):
     cleanup = [lambda: shim.destroy(handle)]
     if function == "Conv_Plan_Execute":
         return p.execute_args(handle, size), p, cleanup
-    return F.new(F.ConvPlanPackWeightsArgs, plan=handle, w=p.arrays["w"].ctypes.data), p, cleanup
+    return F.new(F.ConvPlanPackWeightsArgs, plan=handle, w=p.arrays["w"].ctypes.data, stream=p.stream), p, cleanup
 
 
 def _with_struct_size(args, size):
@@ -419,7 +423,8 @@ def test_execute_and_pack_of_a_null_plan_are_refused(shim):
     assert error is not None and error[0] == "INVALID_ARGUMENT" and "plan" in error[1], error
     if shim.api.Conv_Plan_Pack_Weights:
         error = shim.call(
-            "Conv_Plan_Pack_Weights", F.new(F.ConvPlanPackWeightsArgs, plan=None, w=p.arrays["w"].ctypes.data)
+            "Conv_Plan_Pack_Weights",
+            F.new(F.ConvPlanPackWeightsArgs, plan=None, w=p.arrays["w"].ctypes.data, stream=p.stream),
         )
         assert error is not None and error[0] == "INVALID_ARGUMENT" and "plan" in error[1], error
 
@@ -678,7 +683,9 @@ def test_pack_weights_as_reported(shim, op):
     p = Problem(shim, op=op)
     handle, size = plan(shim, p)
     try:
-        pack = F.new(F.ConvPlanPackWeightsArgs, plan=handle, w=p.arrays["w"].ctypes.data if p.cpu else None)
+        pack = F.new(
+            F.ConvPlanPackWeightsArgs, plan=handle, w=p.arrays["w"].ctypes.data if p.cpu else None, stream=p.stream
+        )
         error = shim.call("Conv_Plan_Pack_Weights", pack)
         if not caps.features & ABI.FEATURE_PACK_WEIGHTS:
             assert error is not None and error[0] == "INVALID_ARGUMENT", error

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from . import fdnn_ctypes as F
+from . import sycl_usm
 from .fdnn_ctypes import ABI
 from .problems import OPS as OPS_CODES
 from .problems import Problem, check_result, plan
@@ -371,6 +372,8 @@ def _overlapping_view(p, name, rng):
     span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
     base_values = rng.integers(-4, 5, span) / 4.0
     base = Problem._store(base_values, a.dtype.type if a.dtype != np.uint16 else np.uint16)
+    if p.usm:  # a SYCL shim reads USM memory (sycl_usm.py)
+        base = sycl_usm.copy(base)
     view = np.lib.stride_tricks.as_strided(base, a.shape, [s * a.itemsize for s in strides])
     p.values[name] = np.lib.stride_tricks.as_strided(base_values, a.shape, [s * 8 for s in strides]).copy()
     p.arrays[name] = view
@@ -458,7 +461,9 @@ def test_packing_a_backward_plan_is_invalid(real, op):
     p = Problem(real, op=op)
     handle, _ = plan(real, p)
     try:
-        args = F.new(F.ConvPlanPackWeightsArgs, plan=handle, w=p.arrays["w"].ctypes.data, packed_plan=12345)
+        args = F.new(
+            F.ConvPlanPackWeightsArgs, plan=handle, w=p.arrays["w"].ctypes.data, packed_plan=12345, stream=p.stream
+        )
         error = real.call("Conv_Plan_Pack_Weights", args)
         assert error is not None and error[0] == "INVALID_ARGUMENT" and "forward" in error[1], error
         assert args.packed_plan == 12345

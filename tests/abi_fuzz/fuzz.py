@@ -106,11 +106,38 @@ def out_size(x, k, stride, dil, lo, hi):
 
 
 def host_memory_devices() -> tuple:
-    """The device types whose memory is host memory here: the CPU, and ROCm when the MIOpen
+    """The device types whose memory is host memory here: the CPU, ROCm when the MIOpen
     shim runs on its test double (.ci/fuzz.sh sets FLUX_DNN_FUZZ_ROCM_DOUBLE=1 with
-    FLUX_DNN_MIOPEN_LIBRARY; never with FLUX_DNN_MIOPEN_REAL=1, a real AMD GPU)."""
+    FLUX_DNN_MIOPEN_LIBRARY; never with FLUX_DNN_MIOPEN_REAL=1, a real AMD GPU), and oneAPI
+    when a SYCL queue is set up (SYCL_USM below): buffers are then USM shared allocations,
+    which the host reads and writes through their pointers as it does host memory."""
     double = os.environ.get("FLUX_DNN_FUZZ_ROCM_DOUBLE") == "1" and os.environ.get("FLUX_DNN_MIOPEN_REAL") != "1"
-    return (ABI.DEVICE_CPU, ABI.DEVICE_ROCM) if double else (ABI.DEVICE_CPU,)
+    found = (ABI.DEVICE_CPU, ABI.DEVICE_ROCM) if double else (ABI.DEVICE_CPU,)
+    return found + ((ABI.DEVICE_ONEAPI,) if SYCL_USM else ())
+
+
+#: A SYCL shim's cases (device type oneAPI, the onednn_sycl shim): {"queue": a dpctl in-order
+#: SyclQueue on device 0} once use_sycl_usm() ran; Buffer then allocates USM shared memory on
+#: it and every execute and pack passes the queue as the stream. Empty: host buffers only.
+SYCL_USM: dict = {}
+
+
+def use_sycl_usm() -> None:
+    """Sets SYCL_USM up when dpctl is importable and lists a device (the shim's own preload
+    ran first, so its OpenCL CPU runtime is visible)."""
+    try:
+        import dpctl  # noqa: PLC0415 -- only for a SYCL shim
+        import dpctl.memory  # noqa: PLC0415, F401
+    except ImportError:
+        return
+    if dpctl.get_num_devices() == 0:
+        return
+    SYCL_USM["queue"] = dpctl.SyclQueue(dpctl.get_devices()[0], property="in_order")
+
+
+def sycl_stream():
+    q = SYCL_USM.get("queue")
+    return None if q is None else q.addressof_ref()
 
 
 class Tensor:
@@ -574,8 +601,14 @@ class Buffer:
 
     def __init__(self, nbytes: int, align: int = 64):
         self.nbytes = nbytes
-        self.raw = C.create_string_buffer(nbytes + 2 * GUARD + align)
-        base = C.addressof(self.raw)
+        if SYCL_USM:  # USM shared: the device's memory, readable and writable by the host
+            import dpctl.memory  # noqa: PLC0415
+
+            self.raw = dpctl.memory.MemoryUSMShared(nbytes + 2 * GUARD + align, queue=SYCL_USM["queue"])
+            base = self.raw._pointer
+        else:
+            self.raw = C.create_string_buffer(nbytes + 2 * GUARD + align)
+            base = C.addressof(self.raw)
         self.start = (base + GUARD + align - 1) // align * align
         C.memset(self.start - GUARD, POISON, GUARD)
         C.memset(self.start + nbytes, POISON, GUARD)
@@ -824,7 +857,7 @@ def pack(shim, c: Case, a, buffers) -> tuple:
         return "ok-valid", "no packing here"
     kind = c.pack
     w = buffers["w"].start + c.w.misalign + c.w.byte_offset
-    args = F.new(F.ConvPlanPackWeightsArgs, plan=a.plan, w=w)
+    args = F.new(F.ConvPlanPackWeightsArgs, plan=a.plan, w=w, stream=sycl_stream())
     args.packed_plan, args.workspace_size = SENTINEL, SENTINEL
     if kind == "null_args":
         error = shim.call("Conv_Plan_Pack_Weights", None)
@@ -878,6 +911,7 @@ def run_case(shim, c: Case) -> tuple:
 def execute(shim, c: Case, a, buffers) -> tuple:
     ws = Buffer(a.workspace_size)
     e = F.new(F.ConvPlanExecuteArgs, plan=a.plan, workspace=ws.start if a.workspace_size else None)
+    e.stream = sycl_stream()
     e.workspace_size = a.workspace_size
     for name in ("x", "w", "y", "bias"):
         b = buffers.get(name)
@@ -954,6 +988,8 @@ def open_shim(name: str):
 def worker(shim_name: str, seed: int, start: int, stop: int) -> None:
     shim = open_shim(shim_name)
     info = shim.info()
+    if info.device_type == ABI.DEVICE_ONEAPI and info.num_devices > 0:
+        use_sycl_usm()
     out = sys.stdout
     for i in range(start, stop):
         out.write(f"start {i}\n")

@@ -302,6 +302,16 @@ struct Operand {
   size_t offset = 0;  // of the staging buffer in the workspace
   Prim reorder;       // input: user -> staging; output: staging -> user (alpha, beta)
   bool scaled = false;  // the output reorder applies alpha as a source scale
+  // A read tensor whose caller's strides overlap (a broadcast, a sliding window), which
+  // oneDNN's descriptors refuse: gathered first into a compact copy at gather_offset in the
+  // workspace by one reorder per slice (the dims peeled off to make the rest non-overlapping);
+  // `user` then describes that copy.
+  bool gathered = false;
+  size_t gather_offset = 0;
+  Prim gather;
+  Md slice_src, slice_dst;  // one slice in the caller's strides and in the copy's
+  size_t element_bytes = 0;
+  std::vector<std::pair<int64_t, int64_t>> slices;  // (caller's, copy's) element offsets
 };
 
 // The primitives of a plan on one engine.
@@ -412,10 +422,105 @@ Prim make_reorder(dnnl_engine_t engine, const Md& from, const Md& to, bool scale
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
+size_t element_size(dnnl_data_type_t dt) {
+  return dt == dnnl_f64 ? 8 : dt == dnnl_f32 ? 4 : 2;
+}
+
+bool overlaps(const Tensor& t) {
+  if (!t.present()) return false;
+  FDNN_DLTensor d{};
+  d.ndim = static_cast<int32_t>(t.shape.size());
+  d.shape = const_cast<int64_t*>(t.shape.data());
+  d.strides = const_cast<int64_t*>(t.strides.data());
+  return fdnn_shim::overlapping_dim(d) >= 0;
+}
+
+std::vector<int64_t> compact_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t step = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = step;
+    step *= shape[i];
+  }
+  return strides;
+}
+
+// Most slices a gather may take (one reorder execution each): beyond it, UNSUPPORTED.
+constexpr int64_t kMostGatherSlices = 4096;
+
+// The gather of an overlapping read tensor `t` (see Operand::gathered) into a compact
+// row-major copy: the dims to peel (greedily, by stride, every dim whose stride does not step
+// past the dims kept inside it), one reorder of the remaining non-overlapping slice, and the
+// element offsets of every slice in the caller's tensor and in the copy.
+void plan_gather(dnnl_engine_t engine, const Tensor& t, dnnl_data_type_t dt, Operand& o) {
+  const size_t n = t.shape.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.strides[a] < t.strides[b]; });
+  std::vector<bool> peeled(n, false);
+  int64_t extent = 1, count = 1;
+  for (size_t i : order) {
+    if (t.shape[i] == 1) continue;
+    if (t.strides[i] >= extent) {
+      extent = t.strides[i] * (t.shape[i] - 1) + extent;
+    } else {
+      peeled[i] = true;
+      count *= t.shape[i];
+      if (count > kMostGatherSlices)
+        fail(FDNN_ERROR_UNSUPPORTED,
+             "onednn_sycl: a read tensor whose strides overlap is gathered by one oneDNN reorder "
+             "per slice, and this one needs more than %lld slices; pass a contiguous copy",
+             static_cast<long long>(kMostGatherSlices));
+    }
+  }
+  const std::vector<int64_t> compact = compact_strides(t.shape);
+  std::vector<int64_t> dims = t.shape, src_strides = t.strides, dst_strides = compact;
+  for (size_t i = 0; i < n; ++i)
+    if (peeled[i]) dims[i] = 1;
+  const Md src = strided_md(static_cast<int>(n), dims.data(), dt, src_strides.data());
+  const Md dst = strided_md(static_cast<int>(n), dims.data(), dt, dst_strides.data());
+  dnnl_primitive_desc_t pd = nullptr;
+  Attr attr;
+  check(D().dnnl_reorder_primitive_desc_create(&pd, src.get(), engine, dst.get(), engine, attr.h),
+        "gather reorder creation");
+  o.gather = make_primitive(own(pd));
+  o.slice_src = src;
+  o.slice_dst = dst;
+  o.element_bytes = element_size(dt);
+  std::vector<int64_t> index(n, 0);
+  for (int64_t k = 0; k < count; ++k) {
+    int64_t from = 0, to = 0;
+    for (size_t i = 0; i < n; ++i) {
+      from += index[i] * t.strides[i];
+      to += index[i] * compact[i];
+    }
+    o.slices.emplace_back(from, to);
+    for (size_t i = n; i-- > 0;) {  // the next index over the peeled dims
+      if (!peeled[i]) continue;
+      if (++index[i] < t.shape[i]) break;
+      index[i] = 0;
+    }
+  }
+  o.gathered = true;
+}
+
 // The primitives of algorithm `algo` for `p` on `engine`.
-std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& p, int64_t algo) {
+std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_t algo) {
   auto b = std::make_shared<Built>();
   b->engine = engine;
+  // Overlapping read tensors are seen through their compact copies (Operand::gathered).
+  Problem p = caller;
+  const Tensor* caller_tensors[4] = {&caller.x, &caller.w, &caller.y, &caller.bias};
+  Tensor* seen[4] = {&p.x, &p.w, &p.y, &p.bias};
+  bool gather[4] = {false, false, false, false};
+  for (int i = 0; i < 4; ++i) {
+    const bool written = (i == 0 && p.op == FDNN_CONV_BACKWARD_DATA) || (i == 1 && p.op == FDNN_CONV_BACKWARD_WEIGHT) ||
+                         (i == 2 && p.op == FDNN_CONV_FORWARD) || (i == 3 && p.op == FDNN_CONV_BACKWARD_WEIGHT);
+    if (!written && overlaps(*caller_tensors[i])) {
+      gather[i] = true;
+      seen[i]->strides = compact_strides(seen[i]->shape);
+    }
+  }
   const bool vendor = algo == kVendorLayouts;
   const Md x_user = user_md(p.x, p.dt), y_user = user_md(p.y, p.dt), w_user = weights_user_md(p);
   Md bias_user, bias_prim;
@@ -478,8 +583,16 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& p, int64_t alg
       b->operands.back().prim = bias_prim;
     }
   }
-  // Staging buffers after the scratchpad, and their reorders.
+  // Gathered copies, then staging buffers, after the scratchpad.
   size_t offset = align64(scratch);
+  for (Operand& o : b->operands) {
+    if (!gather[o.slot]) continue;
+    plan_gather(engine, *caller_tensors[o.slot], p.dt, o);
+    o.gather_offset = offset;
+    size_t elements = 1;
+    for (int64_t d : seen[o.slot]->shape) elements *= static_cast<size_t>(d);
+    offset += align64(elements * element_size(p.dt));
+  }
   const bool outputs_accumulate = backward_scaled || forward_staged;
   for (Operand& o : b->operands) {
     const bool relayout = !md_equal(o.prim, o.user);
@@ -526,6 +639,21 @@ Mem usm_memory(const Md& md, dnnl_engine_t engine, void* ptr) {
 
 // Runs a built plan on `stream`: inputs staged, the convolution, outputs written back.
 // pointers: x, w, y, bias (USM); workspace: USM, >= b.workspace bytes.
+// Enqueues the gather of an overlapping read operand from the caller's `from` into the
+// compact copy at `to` (Operand::gathered); memory objects go to `keep`.
+void gather_into(const Operand& o, dnnl_engine_t engine, dnnl_stream_t stream, void* from, char* to,
+                 std::vector<Mem>& keep) {
+  const int64_t esize = static_cast<int64_t>(o.element_bytes);
+  for (const auto& [a, b] : o.slices) {
+    Mem src = usm_memory(o.slice_src, engine, static_cast<char*>(from) + a * esize);
+    Mem dst = usm_memory(o.slice_dst, engine, to + b * esize);
+    keep.push_back(src);
+    keep.push_back(dst);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src.get()}, {DNNL_ARG_TO, dst.get()}};
+    check(D().dnnl_primitive_execute(o.gather.get(), stream, 2, args), "gather");
+  }
+}
+
 // Every memory object made is appended to `keep`, which must outlive the submitted work.
 void run(const Built& b, dnnl_stream_t stream, void* const pointers[4], char* workspace,
          std::vector<Mem>& keep) {
@@ -539,6 +667,11 @@ void run(const Built& b, dnnl_stream_t stream, void* const pointers[4], char* wo
     if (o.arg == DNNL_ARG_WEIGHTS && b.packed_w) {
       args.push_back({o.arg, b.packed_w.get()});
       continue;
+    }
+    if (o.gathered) {  // slice by slice into the compact copy, which the rest then reads
+      char* copy = workspace + o.gather_offset;
+      gather_into(o, engine, stream, user_ptr, copy, keep);
+      user_ptr = copy;
     }
     Mem user = usm_memory(o.user, engine, user_ptr);
     keep.push_back(user);
@@ -741,17 +874,6 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
   fdnn_shim::check_covered(a, capabilities(a.x->device.device_id, a.op, a.x->dtype), "the onednn_sycl shim");
   fdnn_shim::check_vendor_int_range(a, INT32_MAX, "oneDNN (SYCL)");
   fdnn_shim::check_compute_type_served(a, "the onednn_sycl shim");
-  // oneDNN's memory descriptors take no overlapping strides, and the shim has no kernel of
-  // its own to gather such a read tensor into a compact copy on the device.
-  const FDNN_DLTensor* reads[] = {a.op == FDNN_CONV_BACKWARD_DATA ? a.y : a.x, a.w,
-                                  a.op == FDNN_CONV_BACKWARD_WEIGHT ? a.y : a.bias};
-  for (const FDNN_DLTensor* t : reads)
-    if (fdnn_shim::has_tensor(t) && fdnn_shim::overlapping_dim(*t) >= 0)
-      fail(FDNN_ERROR_UNSUPPORTED,
-           "the onednn_sycl shim does not take a tensor whose strides overlap (a broadcast or a "
-           "sliding window): oneDNN refuses such strides and the shim has no device kernel to "
-           "compact it; pass a contiguous copy; %s",
-           fdnn_shim::describe_problem(a).c_str());
   if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id >= kNumAlgos))
     fdnn_shim::fail_unknown_algo(a, "the onednn_sycl shim", "its algorithms are 0 (user layouts) and 1 (vendor layouts)");
 }
@@ -930,17 +1052,31 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
                                                   DNNL_MEMORY_ALLOCATE),
               "packed weights allocation");
         built->packed_w = own(mem);
-        Mem user = usm_memory(o.user, engine, const_cast<void*>(args->w));
         const fdnn_sycl::Sycl& s = libraries().sycl;
         char code_location[64] = {};
         if (!s.queue_is_in_order(args->stream)) s.queue_wait(args->stream, code_location);
         Stream stream;
         check(D().dnnl_sycl_interop_stream_create(&stream.h, engine, args->stream), "stream creation");
+        std::vector<Mem> keep;
+        void* w = const_cast<void*>(args->w);
+        if (o.gathered) {  // weights with overlapping strides: their compact copy first
+          dnnl_memory_t compact = nullptr;
+          check(D().dnnl_sycl_interop_memory_create(&compact, o.user.get(), engine, dnnl_sycl_interop_usm,
+                                                    DNNL_MEMORY_ALLOCATE),
+                "gather buffer allocation");
+          keep.push_back(own(compact));
+          void* handle = nullptr;
+          check(D().dnnl_memory_get_data_handle(compact, &handle), "gather buffer");
+          gather_into(o, engine, stream.h, w, static_cast<char*>(handle), keep);
+          w = handle;
+        }
+        Mem user = usm_memory(o.user, engine, w);
         Prim copy = make_reorder(engine, o.user, o.prim, false, 0.f);
         dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, user.get()}, {DNNL_ARG_TO, mem}};
         check(D().dnnl_primitive_execute(copy.get(), stream.h, 2, r), "weight packing");
         check(D().dnnl_stream_wait(stream.h), "stream wait");
         o.staged = false;
+        o.gathered = false;
       }
       packed->first = built;
       packed->packed = true;

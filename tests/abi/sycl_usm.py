@@ -1,0 +1,57 @@
+"""USM shared memory for the ABI suite on a SYCL shim (device type oneAPI: onednn_sycl).
+
+A USM shared allocation is device memory that the host reads and writes through the same
+pointer, so the suite's NumPy arrays can live there: each is a NumPy view of a dpctl
+``MemoryUSMShared`` block, its ``ctypes.data`` the USM pointer the shim receives, and every
+check that reads results on the host reads them in place. The shim's stream is a dpctl
+in-order queue on device 0 (``queue()``). Without dpctl or a SYCL device, ``available()`` is
+False and the suite treats a oneAPI shim as any device shim (descriptors only)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+@functools.cache
+def queue():
+    """An in-order dpctl queue on the first SYCL device, or None."""
+    try:
+        import dpctl
+        import dpctl.memory  # noqa: F401
+    except ImportError:
+        return None
+    if dpctl.get_num_devices() == 0:
+        return None
+    return dpctl.SyclQueue(dpctl.get_devices()[0], property="in_order")
+
+
+def available() -> bool:
+    return queue() is not None
+
+
+def stream() -> int | None:
+    q = queue()
+    return None if q is None else q.addressof_ref()
+
+
+def empty(shape, dtype) -> np.ndarray:
+    """A C-contiguous NumPy array in USM shared memory (kept alive by the array)."""
+    import dpctl.memory
+
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    mem = dpctl.memory.MemoryUSMShared(max(n * dtype.itemsize, 64), queue=queue())
+    return np.frombuffer(mem, dtype=dtype, count=n).reshape(shape)
+
+
+def copy(a: np.ndarray) -> np.ndarray:
+    """a's values in a USM shared array of the same shape and dtype."""
+    out = empty(a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
+def workspace(nbytes: int) -> np.ndarray:
+    return empty((nbytes,), np.uint8)
