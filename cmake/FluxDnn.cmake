@@ -82,6 +82,26 @@ function(flux_dnn_add_shim name)
                             RUNTIME DESTINATION ${FLUX_DNN_SHIM_DESTINATION})
 endfunction()
 
+# flux_dnn_add_shim_dir(<name>)
+# Adds csrc/shims/<name>/ (its CMakeLists.txt makes the shim with flux_dnn_add_shim), once:
+# a folder a FLUX_DNN_BUILD_<NAME> switch already added is not added again. FATAL_ERROR
+# naming the folders there are when <name> has none.
+function(flux_dnn_add_shim_dir name)
+  set(dir "${PROJECT_SOURCE_DIR}/csrc/shims/${name}")
+  if(NOT EXISTS "${dir}/CMakeLists.txt")
+    file(GLOB candidates LIST_DIRECTORIES true RELATIVE "${PROJECT_SOURCE_DIR}/csrc/shims"
+         "${PROJECT_SOURCE_DIR}/csrc/shims/*/CMakeLists.txt")
+    string(REPLACE "/CMakeLists.txt" "" candidates "${candidates}")
+    list(REMOVE_ITEM candidates common)
+    message(FATAL_ERROR "FLUX_DNN_SHIMS_DIRS: '${name}' has no csrc/shims/${name}/CMakeLists.txt; "
+                        "shim folders: ${candidates}")
+  endif()
+  get_property(added DIRECTORY "${PROJECT_SOURCE_DIR}" PROPERTY SUBDIRECTORIES)
+  if(NOT "${dir}" IN_LIST added)
+    add_subdirectory("${dir}" "${PROJECT_BINARY_DIR}/csrc/shims/${name}")
+  endif()
+endfunction()
+
 # flux_dnn_install_build_info(<destination>)
 # Installs <destination>/_build_info.py into a plug-in package: the flux_dnn version and the
 # ABI version its libraries were built for, and require_core_abi(), which the package runs
