@@ -3,32 +3,25 @@ and OpenBLAS's lie."""
 
 from __future__ import annotations
 
-import ctypes
+import os
 import pathlib
 import sys
 
-from ._discovery import ShimSpec
+from ._discovery import ShimSpec, load_wheel_library
 
 _SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"  # CMake's shared-library suffix
 _LIBOPENBLAS = "libscipy_openblas" + _SUFFIX
+_WHEEL = "scipy-openblas32"
 
 
 def _preload_openblas() -> None:
-    """Load libscipy_openblas.so (.dylib on macOS) from the scipy-openblas32 wheel by absolute path, so the shim
-    finds it without LD_LIBRARY_PATH wherever pip put the wheel (venv, --user, --prefix)."""
+    """Load libscipy_openblas.so (.dylib on macOS) from the scipy-openblas32 wheel by absolute
+    path, so the shim finds it without LD_LIBRARY_PATH wherever pip put the wheel. Global, as
+    before: OpenBLAS is the process's BLAS for whoever links it by its own (unique) soname."""
     try:
-        import scipy_openblas32
-    except ImportError as exc:
-        raise OSError(
-            f"OpenBLAS ({_LIBOPENBLAS}) not found: the scipy-openblas32 wheel is not installed ({exc})"
-        ) from None
-    path = pathlib.Path(scipy_openblas32.get_lib_dir()) / _LIBOPENBLAS
-    if not path.exists():
-        raise OSError(f"OpenBLAS not found: the scipy-openblas32 wheel has no {path}")
-    try:
-        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        load_wheel_library(_WHEEL, _LIBOPENBLAS, os.RTLD_GLOBAL)
     except OSError as exc:
-        raise OSError(f"OpenBLAS ({path}) failed to load: {exc}") from None
+        raise OSError(f"OpenBLAS ({_LIBOPENBLAS}) not found or not loadable: {exc}") from None
 
 
 def shim_spec() -> ShimSpec:

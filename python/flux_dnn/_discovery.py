@@ -18,9 +18,11 @@ cover its dtype: what a vendor can do is never written down in Python.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import importlib.metadata
 import os
+import pathlib
 import platform
 import sys
 import threading
@@ -69,6 +71,54 @@ def install_hint(device_type: int) -> str:
             (own if ep.value.startswith("flux_dnn.") else found).update(given)
         _hints = {**own, **found}
     return _hints.get(device_type, "a flux_dnn shim package for that device")
+
+
+def find_wheel_file(distribution: str, filename: str) -> pathlib.Path | None:
+    """The file named `filename` among an installed distribution's files (its wheel's
+    RECORD, through importlib.metadata), resolved to an absolute path; None when the
+    distribution is not installed or holds no such file. Wherever pip put the wheel (a
+    venv, --user, --prefix, --target), without LD_LIBRARY_PATH."""
+    try:
+        files = importlib.metadata.distribution(distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name == filename:
+            path = pathlib.Path(f.locate()).resolve()
+            if path.exists():
+                return path
+    return None
+
+
+def load_wheel_library(
+    distribution: str, filename: str, mode: int = os.RTLD_LOCAL, *, fallback: str | None = None
+) -> str:
+    """Loads the shared library `filename` from an installed wheel by absolute path (see
+    find_wheel_file), or, when the wheel does not hold it, `fallback` (a soname the dynamic
+    loader's search may find: a system copy); returns what was loaded. OSError naming the
+    distribution and the file when neither loads.
+
+    mode: os.RTLD_LOCAL (the default) keeps the library's symbols out of the global scope:
+    a shim that links it (DT_NEEDED by soname) still binds to it, because the loader
+    matches an already-loaded object by soname whatever its mode, and a second library of
+    the same soname loaded later by path (another vendor's build) cannot interpose its
+    symbols. Use RTLD_GLOBAL only where the vendor library dlopens parts of itself that must
+    see its symbols (cuDNN's engines).
+
+    Loading order: a by-name lookup of a soname returns the FIRST object loaded with that
+    soname; the registry therefore runs the CPU shims' preloads before it loads any other
+    shim (Registry._try_load), so that the CPU shims' libraries are the ones their sonames
+    resolve to."""
+    path = find_wheel_file(distribution, filename)
+    target = str(path) if path is not None else fallback
+    if target is None:
+        raise OSError(f"{filename} not found: the {distribution} wheel is not installed or holds no {filename}")
+    try:
+        ctypes.CDLL(target, mode=mode)
+    except OSError as exc:
+        where = f"from the {distribution} wheel" if path is not None else f"(not in the {distribution} wheel)"
+        raise OSError(f"{filename} {where} failed to load: {exc}") from None
+    return target
 
 
 def device_name(device_type: int) -> str:
@@ -167,6 +217,7 @@ class _Entry:
         self._capabilities: dict = {}  # (op, dtype, device_id) -> Shim.capabilities()
         self._devices: dict = {}  # device_id -> Shim.device_info()
         self.warned_unverified = False
+        self.preloaded = False  # its spec's preload ran before another shim loaded
 
     @property
     def priority(self) -> int:
@@ -275,12 +326,37 @@ class Registry:
 
     # -- loading -----------------------------------------------------------------------
     def _load(self, entry: _Entry) -> None:
-        """Loads an entry once; a failure is recorded in entry.reason, never raised."""
+        """Loads an entry once; a failure is recorded in entry.reason, never raised. Before
+        any shim that is not a CPU shim (or whose device is not known before loading), the
+        CPU shims' preloads run (_preload_cpu_shims)."""
         if entry.attempted:
             return
         entry.attempted = True
         if entry.reason is None:
+            if entry.spec is None or entry.spec.device_type != _core.DEVICE_CPU:
+                self._preload_cpu_shims()
             self._try_load(entry)
+
+    def _preload_cpu_shims(self) -> None:
+        """Runs the preloads of the CPU shims, once, before another shim loads.
+
+        The rule a plug-in can rely on: the CPU shims' vendor libraries are loaded before any
+        other shim's. It matters where two vendor libraries share a soname (oneDNN 3.2 for the
+        CPU shim and a SYCL build of oneDNN are both libdnnl.so.3): a by-name lookup of a
+        soname, such as the CPU shim's DT_NEEDED, returns the FIRST object loaded with it, so
+        the CPU shim's oneDNN must come first. A plug-in whose library shares a soname with a
+        CPU shim's must load it by path and bind to it through that handle (dlopen + dlsym,
+        or dlmopen), never through its own DT_NEEDED by soname. A preload that fails here is
+        ignored: the CPU shim's own load records the reason."""
+        for cpu in self._discover():
+            if cpu.spec is None or cpu.spec.device_type != _core.DEVICE_CPU or cpu.preloaded:
+                continue
+            cpu.preloaded = True
+            if cpu.spec.preload is not None:
+                try:
+                    cpu.spec.preload()
+                except Exception:  # noqa: BLE001, S110 -- see above
+                    pass
 
     @staticmethod
     def _try_load(entry: _Entry) -> None:

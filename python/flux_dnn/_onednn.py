@@ -2,36 +2,29 @@
 
 from __future__ import annotations
 
-import ctypes
-import importlib.metadata
+import os
 import pathlib
 import platform
 
-from ._discovery import ShimSpec, onednn_wheel_here
+from ._discovery import ShimSpec, load_wheel_library, onednn_wheel_here
 
 _LIBDNNL = "libdnnl.so.3"
+_WHEEL = "onednn-cpu-gomp"
 
 
 def _preload_onednn() -> None:
-    """Load libdnnl.so.3 from the onednn-cpu-gomp wheel by path, so the shim finds it without
-    LD_LIBRARY_PATH wherever pip put the wheel's data files (venv, --user, --prefix)."""
+    """Load libdnnl.so.3 from the onednn-cpu-gomp wheel by path (or a system oneDNN the
+    loader finds), so the shim finds it without LD_LIBRARY_PATH wherever pip put the wheel.
+
+    RTLD_LOCAL: the shim's DT_NEEDED libdnnl.so.3 binds to this object (the loader matches a
+    loaded object by soname, whatever its mode), while its symbols stay out of the global
+    scope, where another oneDNN of the same soname (the SYCL plug-in's, loaded by path) or a
+    library linking oneDNN statically could otherwise meet them. The registry runs this
+    preload before any non-CPU shim loads, so this is the first libdnnl.so.3 in the process."""
     try:
-        files = importlib.metadata.distribution("onednn-cpu-gomp").files or []
-    except importlib.metadata.PackageNotFoundError:
-        files = []
-    for f in files:
-        if f.name == _LIBDNNL:
-            path = pathlib.Path(f.locate()).resolve()
-            if path.exists():
-                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-                return
-    # Not from the wheel: a system oneDNN the dynamic loader can find is fine too.
-    try:
-        ctypes.CDLL(_LIBDNNL, mode=ctypes.RTLD_GLOBAL)
+        load_wheel_library(_WHEEL, _LIBDNNL, os.RTLD_LOCAL, fallback=_LIBDNNL)
     except OSError as exc:
-        raise OSError(
-            f"oneDNN ({_LIBDNNL}) not found: the onednn-cpu-gomp==2023.2.0 wheel is not installed ({exc})"
-        ) from None
+        raise OSError(f"oneDNN ({_LIBDNNL}) not found: the {_WHEEL}==2023.2.0 wheel is not installed ({exc})") from None
 
 
 def _why_not_built(wheel_here: bool) -> str:

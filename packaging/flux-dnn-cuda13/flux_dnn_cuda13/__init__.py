@@ -8,13 +8,14 @@ package for its entry point, then lists the shim with that reason."""
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import pathlib
 import platform
 
 from ._build_info import VERSION, require_core_abi
 
 require_core_abi(__name__)
+
+from flux_dnn._discovery import find_wheel_file, load_wheel_library  # noqa: E402 (after the ABI check)
 
 __version__ = VERSION
 
@@ -49,15 +50,8 @@ __all__ = ["shim_spec", "find_libcudnn", "find_in_wheel"]
 
 
 def find_in_wheel(distribution: str, soname: str) -> pathlib.Path | None:
-    """The library `soname` inside an installed wheel, or None."""
-    try:
-        files = importlib.metadata.distribution(distribution).files or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for f in files:
-        if f.name == soname:
-            return pathlib.Path(f.locate()).resolve()
-    return None
+    """The library `soname` inside an installed wheel, or None (flux_dnn's one lookup)."""
+    return find_wheel_file(distribution, soname)
 
 
 def find_libcudnn() -> pathlib.Path | None:
@@ -70,23 +64,21 @@ def _preload_companions() -> None:
     the library path serves otherwise, and cuDNN works without them, with fewer engines)."""
     for soname, distributions in COMPANIONS:
         for distribution in distributions:
-            path = find_in_wheel(distribution, soname)
-            if path is not None:
-                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            if find_in_wheel(distribution, soname) is not None:
+                load_wheel_library(distribution, soname, ctypes.RTLD_GLOBAL)
                 break
 
 
 def _preload() -> None:
     """Loads cuDNN (and its companions) globally so that the shim's dlopen("libcudnn.so.9")
-    and cuDNN's own dlopens find them."""
+    and cuDNN's own dlopens of its engine libraries find them (a system cuDNN 9 on the
+    library path serves when the wheel is absent)."""
     _preload_companions()
-    path = find_libcudnn()
-    if path is not None:
-        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-        return
-    try:  # a system cuDNN 9 on the library path serves as well
-        ctypes.CDLL(CUDNN_SONAME, mode=ctypes.RTLD_GLOBAL)
+    try:
+        load_wheel_library(CUDNN_DISTRIBUTION, CUDNN_SONAME, ctypes.RTLD_GLOBAL, fallback=CUDNN_SONAME)
     except OSError:
+        if find_libcudnn() is not None:
+            raise  # the wheel's cuDNN is there and failed to load: its own words
         raise RuntimeError(
             f"cuDNN 9 not found: {CUDNN_DISTRIBUTION} is not installed (pip install {CUDNN_DISTRIBUTION})"
         ) from None
