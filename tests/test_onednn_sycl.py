@@ -287,6 +287,19 @@ def test_shim_reports_the_sycl_device(shim):
     assert dpctl.get_devices()[0].name in d.name.decode()
 
 
+def test_cpu_device_visible_without_settings(shim):
+    """A fresh interpreter with no OCL_ICD_FILENAMES that imports dpctl alone (not flux_dnn)
+    lists the OpenCL CPU device exactly once: the plug-in's start-up hook (flux_dnn_sycl.pth)
+    set the variable; the wheel's .icd file alone names a placeholder path."""
+    if not any(d.backend.name == "opencl" and d.is_cpu for d in dpctl.get_devices()):
+        pytest.skip("no OpenCL CPU device in this process either")
+    env = {k: v for k, v in os.environ.items() if k != "OCL_ICD_FILENAMES"}
+    code = "import dpctl; print(sum(d.backend.name == 'opencl' and d.is_cpu for d in dpctl.get_devices()))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "1", r.stdout + r.stderr
+
+
 def test_queue_device_read_through_libsycl_abi(shim, queue):
     """The shim reads a queue's device and context through libsycl's exported member functions
     with a layout-compatible sycl::device (one shared_ptr): the engine it makes for dpctl's
@@ -388,30 +401,45 @@ def test_packed_weights(shim, queue):
     case.check()
 
 
-def test_out_of_order_queue(shim):
-    """dpctl's default queues are out of order: the shim waits for the queue's earlier work and
-    its own, so the result is there when Conv_Plan_Execute returns."""
+@pytest.mark.parametrize("op", list(OPS))
+def test_out_of_order_queue(shim, op):
+    """dpctl's default queues are out of order: the shim waits for the queue's earlier work,
+    orders its own primitives (oneDNN does not on such a queue: staging reorders, the
+    convolution, the output reorder) and waits for them, so the result is there when
+    Conv_Plan_Execute returns. Vendor layouts and alpha/beta: several primitives per call."""
     q = dpctl.SyclQueue(dpctl.select_default_device())
     assert not q.is_in_order
-    case = Case(q, rank=3, bias=True, seed=9, sizes=(12, 12, 12))
-    err = shim.call("Conv_Plan_Create", case.args)
-    assert err is None, err
-    size = case.args.workspace_size
-    ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=q)
-    args = F.new(
-        F.ConvPlanExecuteArgs,
-        plan=case.args.plan,
-        x=case.pointer("x"),
-        w=case.pointer("w"),
-        y=case.pointer("y"),
-        bias=case.pointer("bias"),
-        workspace=ws._pointer,
-        workspace_size=size,
-        stream=q.addressof_ref(),
-    )
-    assert shim.call("Conv_Plan_Execute", args) is None
-    shim.destroy(case.args.plan)
-    case.check()  # no q.wait() before reading
+    for seed in range(3):
+        case = Case(
+            q,
+            op=op,
+            rank=3,
+            bias=op != "backward_data",
+            seed=9 + seed,
+            sizes=(12, 12, 12),
+            policy=2,
+            algo=1,
+            alpha=0.5,
+            beta=0.25,
+        )
+        err = shim.call("Conv_Plan_Create", case.args)
+        assert err is None, err
+        size = case.args.workspace_size
+        ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=q)
+        args = F.new(
+            F.ConvPlanExecuteArgs,
+            plan=case.args.plan,
+            x=case.pointer("x"),
+            w=case.pointer("w"),
+            y=case.pointer("y"),
+            bias=case.pointer("bias"),
+            workspace=ws._pointer,
+            workspace_size=size,
+            stream=q.addressof_ref(),
+        )
+        assert shim.call("Conv_Plan_Execute", args) is None
+        shim.destroy(case.args.plan)
+        case.check()  # no q.wait() before reading
 
 
 def test_workspace_from_the_caller_is_used(shim, queue):

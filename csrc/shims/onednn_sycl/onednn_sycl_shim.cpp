@@ -28,7 +28,9 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -129,11 +131,16 @@ const char* unavailable_reason() {
   static const std::string reason = [] {
     const fdnn_sycl::Libraries& l = libraries();
     if (!l.usable()) return l.error;
-    if (fdnn_sycl::devices().empty())
+    if (fdnn_sycl::devices().empty()) {
+      // The plug-in's Python side knows what of the CPU runtime is missing (its preload).
+      const char* note = std::getenv("FLUX_DNN_ONEDNN_SYCL_NOTE");
       return std::string(
-          "the SYCL runtime lists no device: no Intel GPU driver (Level Zero) and no OpenCL CPU "
-          "runtime (pip install intel-opencl-rt intel-cmplr-lib-ur==2025.3.3, and let "
-          "flux_dnn_sycl set OCL_ICD_FILENAMES before the SYCL runtime first lists devices)");
+                 "the SYCL runtime lists no device: no Intel GPU driver (Level Zero) and no "
+                 "OpenCL CPU device (pip install 'flux-dnn-sycl[cpu]'; OCL_ICD_FILENAMES must "
+                 "name its libintelocl.so before the SYCL runtime first lists devices, which "
+                 "import flux_dnn does unless dpctl/dpnp used a device before it)") +
+             (note && *note ? std::string(": ") + note : std::string());
+    }
     return std::string();
   }();
   return reason.empty() ? nullptr : reason.c_str();
@@ -351,9 +358,15 @@ void forward_post_ops(const Problem& p, bool output_staged, Attr& attr) {
   PostOps ops;
   if (p.activation != FDNN_ACTIVATION_NONE) {
     // relu's alpha is the negative slope, clip's are the bounds, swish's alpha the scale.
+    // RELU keeps NaN (torch.relu(nan) is nan), which oneDNN's relu kernel of slope 0 does not
+    // (its max(v, 0) returns 0 for NaN; measured on the CPU device): ReLU is oneDNN's relu of
+    // slope 2^-149, the smallest float, whose kernel selects v > 0 ? v : slope * v, so NaN
+    // stays NaN and a negative v gives -0 or a denormal of at most 2^-149 |v|.
     const float alpha = p.activation == FDNN_ACTIVATION_LEAKY_RELU || p.activation == FDNN_ACTIVATION_CLIP
                             ? p.act_alpha
-                        : p.activation == FDNN_ACTIVATION_SILU ? 1.f : 0.f;
+                        : p.activation == FDNN_ACTIVATION_SILU ? 1.f
+                        : p.activation == FDNN_ACTIVATION_RELU ? std::numeric_limits<float>::denorm_min()
+                                                               : 0.f;
     const float beta = p.activation == FDNN_ACTIVATION_CLIP ? p.act_beta : 0.f;
     check(D().dnnl_post_ops_append_eltwise(ops.h, eltwise_of(p.activation), alpha, beta), "post-op");
   }
@@ -529,21 +542,51 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
     // Dense for the primitive whatever the caller's strides (a broadcast bias is staged).
     bias_prim = tagged_md(1, p.bias.shape.data(), p.dt, dnnl_a);
   }
-  const Md x = vendor ? any_like(p.x, p.dt) : x_user;
-  const Md y = vendor ? any_like(p.y, p.dt) : y_user;
-  const Md w = vendor ? any_like(p.w, p.dt, p.groups) : w_user;
   // Backward ops have no post-ops: alpha and beta go through a staged output's reorder.
   const bool backward_scaled = p.op != FDNN_CONV_FORWARD && (p.alpha != 1.f || p.beta != 0.f);
-  const Md bias_for_pd = p.op == FDNN_CONV_BACKWARD_DATA ? Md() : bias_prim;
-  Pd pd = conv_pd(engine, p, x, w, y, bias_for_pd, backward_scaled);
+  // A 16-bit output that accumulates (beta) or that a reorder scales (alpha on the backward
+  // ops) is computed into a float32 staging buffer, so that the reorder into the caller's
+  // 16-bit output rounds once (in 16 bits the result would be rounded before alpha and beta
+  // and again after). Where oneDNN has no such mixed primitive, the output stays 16-bit.
+  const bool is16 = p.dt == dnnl_f16 || p.dt == dnnl_bf16;
+  bool wide = is16 && (p.beta != 0.f || backward_scaled);
+  auto md_of = [&](const Tensor& t, const Md& user, bool out, int64_t groups) {
+    const dnnl_data_type_t dt = out && wide ? dnnl_f32 : p.dt;
+    if (vendor) return any_like(t, dt, groups);
+    if (dt == p.dt) return user;
+    if (groups == 1) return user_md(t, dt);
+    std::vector<int64_t> dims = t.shape, strides = t.strides;
+    dims[0] /= groups;
+    dims.insert(dims.begin(), groups);
+    strides.insert(strides.begin(), strides[0] * dims[1]);
+    return strided_md(static_cast<int>(dims.size()), dims.data(), dt, strides.data());
+  };
+  Md x, y, w, bias_for_pd;
+  Pd pd;
+  for (;;) {
+    x = md_of(p.x, x_user, p.op == FDNN_CONV_BACKWARD_DATA, 1);
+    y = md_of(p.y, y_user, p.op == FDNN_CONV_FORWARD, 1);
+    w = md_of(p.w, w_user, p.op == FDNN_CONV_BACKWARD_WEIGHT, p.groups);
+    bias_for_pd = p.op == FDNN_CONV_BACKWARD_DATA ? Md()
+                  : bias_prim && wide && p.op == FDNN_CONV_BACKWARD_WEIGHT
+                      ? tagged_md(1, p.bias.shape.data(), dnnl_f32, dnnl_a)
+                      : bias_prim;
+    try {
+      pd = conv_pd(engine, p, x, w, y, bias_for_pd, backward_scaled || wide);
+      break;
+    } catch (const DnnlError& e) {
+      if (!wide || e.status != dnnl_unimplemented) throw;
+      wide = false;
+    }
+  }
   const Md out_user = p.op == FDNN_CONV_FORWARD ? y_user : p.op == FDNN_CONV_BACKWARD_DATA ? x_user : w_user;
   const dnnl_query_t out_query = p.op == FDNN_CONV_FORWARD         ? dnnl_query_dst_md
                                  : p.op == FDNN_CONV_BACKWARD_DATA ? dnnl_query_diff_src_md
                                                                    : dnnl_query_diff_weights_md;
   // A forward output relaid out by a reorder cannot take the sum post-op (it would read the
   // staging buffer): beta moves to that reorder.
-  bool forward_staged = false;
-  if (p.op == FDNN_CONV_FORWARD && p.beta != 0.f && !md_equal(query_md(pd, out_query), out_user)) {
+  bool forward_staged = p.op == FDNN_CONV_FORWARD && wide;
+  if (p.op == FDNN_CONV_FORWARD && p.beta != 0.f && !wide && !md_equal(query_md(pd, out_query), out_user)) {
     forward_staged = true;
     pd = conv_pd(engine, p, x, w, y, bias_for_pd, true);
   }
@@ -580,7 +623,7 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
     add(DNNL_ARG_DIFF_WEIGHTS, 1, true, w_user, dnnl_query_diff_weights_md);
     if (bias_prim) {
       add(DNNL_ARG_DIFF_BIAS, 3, true, bias_user, dnnl_query_diff_weights_md);
-      b->operands.back().prim = bias_prim;
+      b->operands.back().prim = bias_for_pd;
     }
   }
   // Gathered copies, then staging buffers, after the scratchpad.
@@ -642,7 +685,7 @@ Mem usm_memory(const Md& md, dnnl_engine_t engine, void* ptr) {
 // Enqueues the gather of an overlapping read operand from the caller's `from` into the
 // compact copy at `to` (Operand::gathered); memory objects go to `keep`.
 void gather_into(const Operand& o, dnnl_engine_t engine, dnnl_stream_t stream, void* from, char* to,
-                 std::vector<Mem>& keep) {
+                 std::vector<Mem>& keep, bool serialize) {
   const int64_t esize = static_cast<int64_t>(o.element_bytes);
   for (const auto& [a, b] : o.slices) {
     Mem src = usm_memory(o.slice_src, engine, static_cast<char*>(from) + a * esize);
@@ -651,16 +694,21 @@ void gather_into(const Operand& o, dnnl_engine_t engine, dnnl_stream_t stream, v
     keep.push_back(dst);
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src.get()}, {DNNL_ARG_TO, dst.get()}};
     check(D().dnnl_primitive_execute(o.gather.get(), stream, 2, args), "gather");
+    if (serialize) check(D().dnnl_stream_wait(stream), "stream wait");
   }
 }
 
 // Every memory object made is appended to `keep`, which must outlive the submitted work.
+// serialize: the queue is out of order, where oneDNN does not order one primitive after the
+// previous one on the same stream (its SYCL interop documentation: the caller passes events);
+// then each primitive is waited for before the next is submitted.
 void run(const Built& b, dnnl_stream_t stream, void* const pointers[4], char* workspace,
-         std::vector<Mem>& keep) {
+         std::vector<Mem>& keep, bool serialize) {
   const dnnl_engine_t engine = b.engine;
   std::vector<dnnl_exec_arg_t> args;
   auto exec = [&](const Prim& prim, std::vector<dnnl_exec_arg_t> a) {
     check(D().dnnl_primitive_execute(prim.get(), stream, static_cast<int>(a.size()), a.data()), "execution");
+    if (serialize) check(D().dnnl_stream_wait(stream), "stream wait");
   };
   for (const Operand& o : b.operands) {
     void* user_ptr = pointers[o.slot];
@@ -670,7 +718,7 @@ void run(const Built& b, dnnl_stream_t stream, void* const pointers[4], char* wo
     }
     if (o.gathered) {  // slice by slice into the compact copy, which the rest then reads
       char* copy = workspace + o.gather_offset;
-      gather_into(o, engine, stream, user_ptr, copy, keep);
+      gather_into(o, engine, stream, user_ptr, copy, keep, serialize);
       user_ptr = copy;
     }
     Mem user = usm_memory(o.user, engine, user_ptr);
@@ -754,12 +802,13 @@ struct Plan {
 void execute_on_queue(const Built& b, void* queue, void* const pointers[4], char* workspace) {
   const fdnn_sycl::Sycl& s = libraries().sycl;
   char code_location[64] = {};  // sycl::detail::code_location: file, function, line, column
-  if (!s.queue_is_in_order(queue)) s.queue_wait(queue, code_location);
+  const bool in_order = s.queue_is_in_order(queue);
+  if (!in_order) s.queue_wait(queue, code_location);
   Stream stream;
   check(D().dnnl_sycl_interop_stream_create(&stream.h, b.engine, queue), "stream creation");
   std::vector<Mem> keep;  // every memory object of the call, alive until the work is done
   try {
-    run(b, stream.h, pointers, workspace, keep);
+    run(b, stream.h, pointers, workspace, keep, !in_order);
   } catch (...) {
     D().dnnl_stream_wait(stream.h);  // what was submitted still reads `keep`
     throw;
@@ -883,12 +932,31 @@ bool is_fast(const std::string& impl) {
 }
 
 // Times a candidate on buffers oneDNN allocates on the engine, on the caller's queue.
-double time_built(const Built& b, const Problem& p, void* queue) {
+// With the caller's allocator (FDNN_Device_Allocator, the array library's pool) the buffers
+// come from it, in bytes as the tensors span, and go back to it before this returns; a
+// refusal (NULL) gives up timing (the caller keeps the heuristic's choice): returns < 0.
+// Without one, oneDNN allocates USM memory on the engine, zeroed.
+struct Lent {
+  const FDNN_Device_Allocator* allocator;
+  void* queue;
+  std::vector<void*> pointers;
+  ~Lent() {
+    for (void* ptr : pointers) allocator->release(allocator->context, ptr, queue);
+  }
+};
+
+double time_built(const Built& b, const Problem& p, void* queue, const FDNN_Device_Allocator* allocator) {
   std::vector<Mem> buffers;
   void* pointers[4] = {nullptr, nullptr, nullptr, nullptr};
   const Tensor* tensors[4] = {&p.x, &p.w, &p.y, &p.bias};
   dnnl_engine_t engine = b.engine;
+  Lent lent{allocator, queue, {}};
   auto allocate = [&](size_t bytes) -> void* {
+    if (allocator != nullptr) {
+      void* ptr = allocator->allocate(allocator->context, std::max<size_t>(bytes, 1), queue);
+      if (ptr != nullptr) lent.pointers.push_back(ptr);
+      return ptr;
+    }
     const int64_t n = static_cast<int64_t>(std::max<size_t>(bytes, 64));
     dnnl_memory_t m = nullptr;
     check(D().dnnl_sycl_interop_memory_create(&m, tagged_md(1, &n, dnnl_u8, dnnl_a).get(), engine,
@@ -908,9 +976,11 @@ double time_built(const Built& b, const Problem& p, void* queue) {
     size_t span = 1;
     for (size_t d = 0; d < tensors[i]->shape.size(); ++d)
       span += static_cast<size_t>(tensors[i]->shape[d] - 1) * static_cast<size_t>(tensors[i]->strides[d]);
-    pointers[i] = allocate(span * 8);
+    pointers[i] = allocate(span * element_size(p.dt));
+    if (pointers[i] == nullptr) return -1;
   }
   char* workspace = static_cast<char*>(allocate(b.workspace));
+  if (workspace == nullptr && b.workspace > 0) return -1;
   using clock = std::chrono::steady_clock;
   Stream stream;
   check(D().dnnl_sycl_interop_stream_create(&stream.h, engine, queue), "stream creation");
@@ -918,7 +988,7 @@ double time_built(const Built& b, const Problem& p, void* queue) {
   for (int r = 0; r < 4; ++r) {  // the first is a warm-up
     std::vector<Mem> keep;
     const auto t0 = clock::now();
-    run(b, stream.h, pointers, workspace, keep);
+    run(b, stream.h, pointers, workspace, keep, !libraries().sycl.queue_is_in_order(queue));
     check(D().dnnl_stream_wait(stream.h), "stream wait");
     if (r == 0) continue;
     best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
@@ -969,9 +1039,11 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
       if (vendor && !fits(vendor)) vendor.reset();
       if (a.algo_policy == FDNN_ALGO_BENCHMARK && a.stream != nullptr && user && vendor && fits(user) &&
           fdnn_shim::benchmark_fits(a, std::max(user->workspace, vendor->workspace))) {
-        const double tu = time_built(*user, plan->problem, a.stream);
-        const double tv = time_built(*vendor, plan->problem, a.stream);
-        chosen = tv < tu ? vendor : user;
+        const auto* allocator = reinterpret_cast<const FDNN_Device_Allocator*>(fdnn_shim::find_extension(
+            a.extension_start, FDNN_EXTENSION_DEVICE_ALLOCATOR, FDNN_Device_Allocator_STRUCT_SIZE, "Conv_Plan_Create"));
+        const double tu = time_built(*user, plan->problem, a.stream, allocator);
+        const double tv = tu < 0 ? -1 : time_built(*vendor, plan->problem, a.stream, allocator);
+        chosen = tu < 0 || tv < 0 ? (is_fast(user->name) ? user : vendor) : tv < tu ? vendor : user;
       } else if (user && fits(user) && (is_fast(user->name) || !vendor)) {
         chosen = user;
       } else {
@@ -1067,7 +1139,8 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
           keep.push_back(own(compact));
           void* handle = nullptr;
           check(D().dnnl_memory_get_data_handle(compact, &handle), "gather buffer");
-          gather_into(o, engine, stream.h, w, static_cast<char*>(handle), keep);
+          gather_into(o, engine, stream.h, w, static_cast<char*>(handle), keep, true);
+          check(D().dnnl_stream_wait(stream.h), "stream wait");
           w = handle;
         }
         Mem user = usm_memory(o.user, engine, w);

@@ -16,8 +16,8 @@ What the runtime needs, and why it is done here:
   environment too) when flux_dnn_sycl is imported or its entry point is read -- flux_dnn reads
   every entry point at ``import flux_dnn`` -- and that is early enough as long as no SYCL device
   was listed before in the process. Where devices were listed earlier (dpctl used before
-  flux_dnn was imported), the CPU device stays invisible for the life of the process:
-  :func:`opencl_note` says so, and ``python -m flux_dnn info`` prints it as the reason.
+  flux_dnn was imported), the CPU device stays invisible for the life of the process, and the
+  shim's reason (``python -m flux_dnn info``) says what to do.
   A value the user set is kept (extended with the wheel's runtime, never replaced).
 - **oneDNN by path.** The SYCL oneDNN (``onednn`` 2025.3.0: oneDNN 3.9) and the CPU shim's
   oneDNN 3.2 (``onednn-cpu-gomp``) both install ``<prefix>/lib/libdnnl.so.3``; whichever wheel
@@ -80,7 +80,16 @@ def libdnnl() -> pathlib.Path | None:
 
 
 def libintelocl() -> pathlib.Path | None:
-    return wheel_file(OPENCL_DIST, r"libintelocl\.so(\.[\d.]+)?")
+    """The wheel's OpenCL CPU runtime, by the name the start-up hook uses (libintelocl.so; the
+    wheel also ships a copy as libintelocl.so.<version>, and naming both would make the ICD
+    loader load the runtime twice: two CPU devices)."""
+    return wheel_file(OPENCL_DIST, r"libintelocl\.so")
+
+
+def _same_runtime(entry: str, lib: pathlib.Path) -> bool:
+    """Whether an OCL_ICD_FILENAMES entry is this runtime under any of its names."""
+    e = pathlib.Path(entry)
+    return e.parent.resolve() == lib.parent and e.name.startswith("libintelocl.so")
 
 
 def has_opencl_adapter() -> bool:
@@ -100,7 +109,7 @@ def configure_opencl() -> None:
     else:
         current = os.environ.get("OCL_ICD_FILENAMES", "")
         entries = [e for e in current.split(":") if e]
-        if str(lib) not in entries:
+        if not any(_same_runtime(e, lib) for e in entries):
             os.environ["OCL_ICD_FILENAMES"] = ":".join([*entries, str(lib)])
         if not has_opencl_adapter():
             note = (
@@ -108,20 +117,6 @@ def configure_opencl() -> None:
                 "intel-cmplr-lib-ur==2025.3.3 (the 2026 wheels ship Level Zero adapters only)"
             )
     _state["opencl"] = (lib, note)
-
-
-def opencl_note(num_devices: int) -> str:
-    """Why the SYCL runtime may list no CPU device, in words; "" when nothing is known."""
-    lib, note = _state.get("opencl", (None, ""))
-    if note:
-        return note
-    if num_devices == 0 and lib is not None:
-        return (
-            f"OCL_ICD_FILENAMES names {lib}, but the SYCL runtime listed its devices before it was "
-            "set (dpctl or dpnp used a device before flux_dnn was imported): import flux_dnn (or "
-            "flux_dnn_sycl) first, or set OCL_ICD_FILENAMES before starting Python"
-        )
-    return ""
 
 
 def preload() -> None:
@@ -148,4 +143,7 @@ def preload() -> None:
                 raise OSError(f"{name} (wheel {dist}) is not installed: pip install {dist}") from None
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     os.environ.setdefault(_ENV_DNNL, str(dnnl))
+    note = _state["opencl"][1]
+    if note:  # the shim adds it to its reason when the SYCL runtime lists no device
+        os.environ["FLUX_DNN_ONEDNN_SYCL_NOTE"] = note
     _state["loaded"] = True

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The onednn_sycl shim's CI step (issue 28): its suites on a real SYCL device, the CPU through
+# Intel's OpenCL CPU runtime, for .ci/run to call.
+#
+#   bash scripts/sycl_ci.sh [CORE]    # CORE: what `pip install` takes for flux-dnn (default:
+#                                     # this checkout; a built wheel's path also works)
+#
+# 1. the cached venv of the pinned Intel set (scripts/sycl_env.sh, ~/.cache/flux_dnn);
+# 2. the plug-in wheel, built in that venv without build isolation (onednn-devel 3.9's C
+#    headers, no SYCL compiler), warnings as errors;
+# 3. the core installed into the venv from CORE *with* build isolation: its CPU oneDNN shim
+#    must be built against onednn-devel-cpu-gomp (3.2), whose headers lie at the same paths
+#    as onednn-devel's and must not meet them; then the plug-in wheel (--no-deps);
+# 4. `python -m flux_dnn info` must list onednn_sycl usable with a device;
+# 5. tests/test_onednn_sycl.py (every op/dtype/option against float64, both oneDNNs in one
+#    process in both orders), the ABI suite on onednn_sycl (USM shared memory), the conformance
+#    suite on dpnp and dpctl arrays (-m accelerator), and the ABI fuzzer on onednn_sycl (seeds
+#    1-3, 2000 cases each, as .ci/fuzz.sh).
+# Exit status non-zero on any failure. Prints its time per step and in all.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CORE="${1:-$ROOT}"
+start=$SECONDS
+step() { echo "== sycl_ci: $* ($((SECONDS - start)) s)"; }
+
+step "environment"
+VENV="$(bash scripts/sycl_env.sh | tail -n 1)"
+PY="$VENV/bin/python"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+step "plug-in wheel"
+CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" "$PY" -m pip wheel --quiet --no-build-isolation \
+  --no-deps -w "$work/wheels" ./packaging/flux-dnn-sycl -C build-dir="$work/build-sycl" \
+  -C cmake.define.FLUX_DNN_WERROR=ON
+
+step "core ($CORE) and plug-in into the venv"
+CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" "$PY" -m pip install --quiet --force-reinstall \
+  --no-deps "$CORE"
+# The core's own dependencies (onednn-cpu-gomp, scipy-openblas32), without touching the pins.
+"$PY" -m pip install --quiet "onednn-cpu-gomp==2023.2.0" "scipy-openblas32>=0.3.27"
+"$PY" -m pip install --quiet --force-reinstall --no-deps "$work"/wheels/flux_dnn_sycl-*.whl
+
+step "info"
+"$PY" -m flux_dnn info | tee "$work/info.txt"
+"$PY" - "$work/info.txt" <<'EOF'
+import sys
+text = open(sys.argv[1]).read()
+block = text.split("shim onednn_sycl", 1)[-1].split("\nshim ", 1)[0]
+assert "shim onednn_sycl" in text and ": usable" in block.splitlines()[0], "onednn_sycl is not usable:\n" + block
+EOF
+
+step "tests/test_onednn_sycl.py, ABI suite, conformance suite"
+"$PY" -m pytest -q -p no:cacheprovider tests/test_onednn_sycl.py
+"$PY" -m pytest -q -p no:cacheprovider tests/abi -k onednn_sycl
+"$PY" -m pytest -q -p no:cacheprovider tests/conformance -m accelerator -k "dpnp or dpctl"
+
+step "ABI fuzz"
+"$PY" tests/abi_fuzz/fuzz.py --shim onednn_sycl --seed 1 --seed 2 --seed 3 --cases 2000
+
+step "done"
+echo "sycl_ci: passed in $((SECONDS - start)) s"
