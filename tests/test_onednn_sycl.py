@@ -553,6 +553,9 @@ def test_cpu_and_sycl_onednn_in_one_process(shim, order):
     assert "cpu" in r.stdout and "sycl" in r.stdout, r.stdout
     files = r.stdout.split("libdnnl files:")[-1]
     assert "libdnnl.so.3.9" in files, files
+    # Each shim on its own oneDNN: the CPU shim's 3.2, not the SYCL wheel's 3.9 (which it gets
+    # when <prefix>/lib/libdnnl.so.3, a file both wheels install, is the SYCL wheel's).
+    assert "cpu oneDNN ['3.2" in r.stdout and "sycl oneDNN 3.9" in r.stdout, r.stdout
 
 
 def test_report_max_errors():
