@@ -1,7 +1,8 @@
-"""The core's memo of NumPy forward call patterns (_core.remembered_forward): conv/conv1d/2d/3d
-without keyword options on NumPy arrays are answered by the core from the second call of a
-pattern on. Each test compares with the float64 reference on fresh inputs, so that a pattern
-answered with the wrong plan, layout or output shows."""
+"""The core's memo of forward call patterns (_core.remembered_forward): conv/conv1d/2d/3d
+without keyword options on NumPy arrays, and on torch CPU tensors through DLPack's exchange
+API, are answered by the core from the second call of a pattern on. Each test compares with
+the float64 reference on fresh inputs, so that a pattern answered with the wrong plan, layout
+or output shows."""
 
 import threading
 
@@ -158,3 +159,72 @@ def test_a_plan_makes_numpy_outputs_in_its_layout(rng):
         assert y is not first and y.strides == first.strides and y.flags.writeable
         assert (y.strides[1] < y.strides[3]) == channels_last
         close(y, expected_of(x2, w, None, 2, padding=1))
+
+
+# ---- torch tensors, through DLPack's exchange API (torch >= 2.11) ---------------------------
+
+
+def _torch_with_exchange_api():
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip(f"torch {torch.__version__} has no DLPack exchange API (__dlpack_c_exchange_api__)")
+    return torch
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_repeated_torch_pattern_is_answered_by_the_core(rng, case):
+    """The same memo serves torch CPU tensors: the core reads them and makes their outputs
+    through torch's exchange API, so a repeated pattern is one C call, as with NumPy."""
+    torch = _torch_with_exchange_api()
+    nd, x_shape, w_shape, with_bias, geometry = CASES[case]
+    conv = {1: flux_dnn.conv1d, 2: flux_dnn.conv2d, 3: flux_dnn.conv3d}[nd]
+    w = fresh(rng, w_shape)
+    b = fresh(rng, (w_shape[0],)) if with_bias else None
+    tw, tb = torch.from_numpy(w), None if b is None else torch.from_numpy(b)
+    first = conv(torch.from_numpy(fresh(rng, x_shape)), tw, tb, **geometry)
+    assert _core.remembered_forward_count() == 1
+    for _ in range(3):
+        x = fresh(rng, x_shape)
+        answered = _core.remembered_forward(nd, torch.from_numpy(x), tw, tb, *geometry_args(geometry))
+        y = conv(torch.from_numpy(x), tw, tb, **geometry)
+        assert type(answered) is torch.Tensor and y is not first
+        assert y.dtype == torch.float32 and y.stride() == first.stride() and y.is_contiguous()
+        close(y.numpy(), expected_of(x, w, b, nd, **geometry))
+        close(answered.numpy(), expected_of(x, w, b, nd, **geometry))
+    assert _core.remembered_forward_count() == 1
+
+
+def geometry_args(geometry: dict) -> tuple:
+    """(stride, padding, dilation, groups) as conv*d takes them positionally."""
+    return tuple(geometry.get(k, d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)))
+
+
+def test_torch_channels_last_and_grad_tensors_stay_right(rng):
+    """A channels-last torch output is made by the Python path (the exchange allocator makes
+    compact arrays only): not remembered, and still channels-last; a tensor that requires
+    grad is read as it is (the exchange API takes it without detaching)."""
+    torch = _torch_with_exchange_api()
+    x, w = fresh(rng, (2, 4, 7, 7)), fresh(rng, (6, 4, 3, 3))
+    tx = torch.from_numpy(x).to(memory_format=torch.channels_last)
+    for _ in range(2):
+        y = flux_dnn.conv2d(tx, torch.from_numpy(w), padding=1)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        close(y.numpy(), expected_of(x, w, None, 2, padding=1))
+    assert _core.remembered_forward_count() == 0
+    tg = torch.from_numpy(x).requires_grad_(True)
+    for _ in range(2):
+        close(flux_dnn.conv2d(tg, torch.from_numpy(w), padding=1).numpy(), expected_of(x, w, None, 2, padding=1))
+
+
+def test_numpy_and_torch_patterns_of_one_shape_are_told_apart(rng):
+    """The core's key holds the arrays' type: the same shapes in NumPy and torch are two
+    patterns, each answered with an output of its own library."""
+    torch = _torch_with_exchange_api()
+    x, w = fresh(rng, (1, 2, 5, 5)), fresh(rng, (3, 2, 3, 3))
+    assert isinstance(flux_dnn.conv2d(x, w), np.ndarray)
+    assert isinstance(flux_dnn.conv2d(torch.from_numpy(x), torch.from_numpy(w)), torch.Tensor)
+    assert _core.remembered_forward_count() == 2
+    assert isinstance(flux_dnn.conv2d(x, w), np.ndarray)
+    y = flux_dnn.conv2d(torch.from_numpy(x), torch.from_numpy(w))
+    assert isinstance(y, torch.Tensor)
+    close(y.numpy(), expected_of(x, w, None, 2))

@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "dlpack_exchange.hpp"
 #include "errors.hpp"
 #include "numpy_arrays.hpp"
 
@@ -174,6 +175,17 @@ void set_export_fallback(py::object fallback) { export_fallback() = std::move(fa
 BorrowedTensor::BorrowedTensor(py::handle array, const char* argname, py::handle stream) {
   if (array.is_none()) return;  // an absent optional operand
   if (stream.is_none() && is_numpy_array(array.ptr()) && take_numpy_array(array)) return;
+  // A type with DLPack's exchange API is read by one C call, no capsule (dlpack_exchange.hpp;
+  // no stream handshake: the call runs on the library's current stream, see there).
+  if (const ExchangeApi* api = exchange_api_of(array.ptr())) {
+    if (!exchange_describe(api, array.ptr(), desc_, shape_, strides_, kMaxDims)) {
+      py::error_already_set refused;
+      throw py::value_error(std::string(argname) + ": the array cannot be read through DLPack: " +
+                            std::string(py::str(refused.value())));
+    }
+    present_ = true;  // writable: the exchange API has no read-only flag
+    return;
+  }
   py::object capsule;
   uint8_t override_code = 0, override_bits = 0;  // bits 0: the capsule's own dtype stands
   // An adapter may hand over a capsule it made through its library's fast exporter.

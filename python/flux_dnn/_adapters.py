@@ -64,7 +64,7 @@ def _numpy_empty(*args, **kwargs):
 class NumpyProvider(Provider):
     name = "numpy"
     has_views = True
-    core_native = True  # the core reads ndarrays and makes them itself (numpy_arrays.cpp)
+    core_native = core_memo = True  # the core reads ndarrays and makes them itself (numpy_arrays.cpp)
     # key(a) = (a.shape, a.strides, a.dtype.num), read in C (no Python frame per array). The
     # type number hashes faster than the dtype; it leaves out the byte order, which changes
     # no decision here (the core refuses a non-native byte order on every call). The type
@@ -121,15 +121,31 @@ def _torch_to_dlpack(tensor):
     return to_dlpack(tensor)
 
 
+def _has_exchange_api(array_type) -> bool:
+    """Whether array_type has DLPack's exchange API (dlpack.h 1.3, ``__dlpack_c_exchange_api__``:
+    torch >= 2.11), through which the core reads its arrays, and makes new ones, in C."""
+    return type(getattr(array_type, "__dlpack_c_exchange_api__", None)).__name__ == "PyCapsule"
+
+
 class TorchProvider(Provider):
     name = "torch"
     has_views = True
-    exports_itself = False
+    exports_itself = False  # True where torch has the exchange API (__init__)
+
+    def __init__(self):
+        import torch  # loaded when a tensor is first seen: torch is imported already
+
+        # With the exchange API the core reads tensors itself (no capsule, no Python frame:
+        # CPU calls go to the core as they are) and its memo answers repeated CPU forward
+        # calls, making their outputs through torch's allocator.
+        self.exports_itself = self.core_memo = _has_exchange_api(torch.Tensor)
 
     def key(self, a):
         return (type(a), a.shape, a.dtype, a.stride(), a.get_device())  # an int: no torch.device built
 
     def export(self, a):
+        if self.exports_itself and not a.is_mps:
+            return a  # the core reads it through the exchange API (dlpack_exchange.hpp)
         # torch's own C exporter: Tensor.__dlpack__ is Python code that costs microseconds
         # per call. No stream handshake is needed: flux_dnn runs on torch's current stream.
         capsule = _torch_to_dlpack(a.detach() if a.requires_grad else a)

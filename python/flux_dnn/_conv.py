@@ -7,11 +7,11 @@ checked here, before any vendor call, and a bad one raises ValueError or TypeErr
 the argument, its value and the rule. A validated call pattern (shapes, dtypes, devices,
 layout, geometry, options) is remembered, so a repeated call costs one dict lookup, an
 output allocation and one call into the core, whose plan cache holds the vendor plan.
-Forward patterns without keyword options whose arrays the core reads natively (a provider's
-``core_native``: NumPy's) are also handed to the core (_Memo.hand_to_core), which answers the
-next such call with no Python frame of ours (_api tries it first); this memo stays the one
-that validates, and forgets the core's copy with its own. The keyword options of a call
-arrive as one ConvOptions (see _options)."""
+Forward patterns without keyword options whose arrays the core reads and makes itself (a
+provider's ``core_memo``: NumPy's, torch's through DLPack's exchange API) are also handed to
+the core (_Memo.hand_to_core), which answers the next such call with no Python frame of ours
+(_api tries it first); this memo stays the one that validates, and forgets the core's copy
+with its own. The keyword options of a call arrive as one ConvOptions (see _options)."""
 
 from __future__ import annotations
 
@@ -51,14 +51,16 @@ _MEMO_LIMIT = 4096
 class _Memo(dict):
     """call pattern -> _Prepared (or _Transposed): the one memo of validated call patterns,
     for every provider. The core keeps a copy of the forward patterns whose arrays it reads
-    and allocates natively (a provider's ``core_native``), so that it answers their next call
+    and allocates itself (a provider's ``core_memo``: NumPy's, and torch's through DLPack's
+    exchange API), so that it answers their next call
     with no Python frame (_core.remembered_forward, tried first by _api); this class is the
     only writer of that copy: it hands patterns over and forgets them with its own."""
 
     def hand_to_core(self, nd, x, w, bias, stride, padding, dilation, groups, served, out) -> None:
         """Remember in the core a forward pattern just served into out, without keyword
-        options, when x's provider is core-native (else the core could not read the next call)."""
-        if _BY_TYPE[type(x)].core_native:
+        options, when x's provider lets it (core_memo: the core reads such arrays and makes
+        their outputs itself; it declines, returning False, a pattern it cannot hold)."""
+        if _BY_TYPE[type(x)].core_memo:
             _core.remember_forward(nd, x, w, bias, stride, padding, dilation, groups, served.shim, served.spec, out)
 
     def clear(self):

@@ -84,6 +84,10 @@ class Provider:
     #: can be answered by the core's memo and a plan's call slot with no Python frame. Only a
     #: provider whose arrays the core knows natively may say True.
     core_native = False
+    #: The core's memo may remember this library's CPU forward patterns and answer them with
+    #: no Python frame (_core.remember_forward): the core reads the arrays and makes the
+    #: outputs itself, natively (NumPy) or through DLPack's exchange API (torch >= 2.11).
+    core_memo = False
 
     # -- reading arrays ------------------------------------------------------------------
     def export(self, a):
