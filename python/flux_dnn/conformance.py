@@ -106,6 +106,24 @@ class ArrayLibrary:
         """Python source that builds an array of ones of this library (for subprocess tests)."""
         raise NotImplementedError
 
+    # -- devices (the suite's second-device check) ----------------------------------------
+    def device_count(self) -> int:
+        """How many devices of this library's device type it sees here."""
+        return 1
+
+    def on_device(self, index: int):
+        """A context manager making device `index` current, for libraries with a current
+        device (torch, CuPy); nothing otherwise."""
+        return contextlib.nullcontext()
+
+    def array_on(self, values, dtype: str, index: int):
+        """values as an array on device `index` (called inside on_device(index))."""
+        return self.array(values, dtype)
+
+    def device_index(self, a) -> int:
+        """The index of the device a lives on."""
+        return int(a.__dlpack_device__()[1])
+
     # -- shared ------------------------------------------------------------------------
     def has_layout(self, a, layout: str) -> bool:
         """Whether a's strides are those of `layout` (dims of size 1 may have any stride)."""

@@ -10,6 +10,7 @@ knows about shims."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 
@@ -136,6 +137,15 @@ class TorchLibrary(ArrayLibrary):
     def source(self, shape, dtype):
         return f"__import__('torch').ones({shape!r}, dtype=__import__('torch').{dtype}, device={self.device!r})"
 
+    def device_count(self):
+        return self.module.cuda.device_count() if self.device in ("cuda",) else 1
+
+    def on_device(self, index):
+        return self.module.cuda.device(index) if self.device == "cuda" else contextlib.nullcontext()
+
+    def device_index(self, a):
+        return a.device.index or 0
+
 
 class CupyLibrary(ArrayLibrary):
     name = "cupy"
@@ -193,6 +203,15 @@ class CupyLibrary(ArrayLibrary):
     def source(self, shape, dtype):
         return f"__import__('cupy').ones({shape!r}, {dtype!r})"
 
+    def device_count(self):
+        return self.module.cuda.runtime.getDeviceCount()
+
+    def on_device(self, index):
+        return self.module.cuda.Device(index)
+
+    def device_index(self, a):
+        return a.device.id
+
 
 class JaxLibrary(ArrayLibrary):
     """JAX arrays are immutable and carry no strides: no out=, contiguous layout only.
@@ -233,6 +252,17 @@ class JaxLibrary(ArrayLibrary):
 
     def source(self, shape, dtype):
         return f"__import__('jax').numpy.ones({shape!r}, {dtype!r})"
+
+    def device_count(self):
+        return len(self.module.devices(self.platform))
+
+    def array_on(self, values, dtype, index):
+        host = np.asarray(values).astype(numpy_dtype(dtype))
+        return self.module.device_put(host, self.module.devices(self.platform)[index])
+
+    def device_index(self, a):
+        (device,) = a.devices()
+        return device.id
 
 
 class MlxLibrary(ArrayLibrary):

@@ -6,11 +6,10 @@ many, forward without bias, GELU (erf), inputs whose data pointer is one element
 dims, a large deterministic bias gradient, a bias gradient of more channels than a CUDA grid
 dim holds, NaN through ReLU, asymmetric padding, views with gaps and repeated elements on
 every operand (what a vendor may refuse as given, which the shim then copies through its
-workspace). The backends are the usable accelerator shims crossed with the array libraries
+workspace), and a second device. The backends are the usable accelerator shims crossed with the array libraries
 of their devices (flux-dnn's own and those plug-ins register); a shim that cannot run here
 gives skipped tests with the reason (``python -m pytest tests/conformance -m accelerator``).
-What is one vendor's alone (cuDNN's fused graph, CUDA's device switching) is in
-test_cuda.py."""
+What is one vendor's alone (cuDNN's fused graph) is in test_cuda.py."""
 
 from __future__ import annotations
 
@@ -475,3 +474,32 @@ def test_benchmark_with_a_fusable_epilogue_computes(backend, rng, layout):
         P.Epilogue(bias=True, activation="relu"),
         algorithm="benchmark",
     )
+
+
+# ---- a second device -------------------------------------------------------------------------
+
+
+@pytest.mark.matrix(where=on_accelerator)
+def test_second_device(backend, rng):
+    """Arrays on device 1 are computed there (the shim makes that device current for the call
+    and puts the caller's back), and device 0 still works after."""
+    lib = backend.lib
+    count = lib.device_count()
+    if count < 2:
+        pytest.skip(f"one device here ({lib.name} sees {count}): the multi-device test needs two")
+    dtype = "float32"
+    backend.require("forward", dtype, 2)
+    g = _geometry()
+    for device in (1, 0):
+        x, w, b = P.grid(rng, g.x_shape), P.grid(rng, g.w_shape), P.grid(rng, (g.K,))
+        with lib.on_device(device):
+            xd, wd, bd = (lib.array_on(v, dtype, device) for v in (x, w, b))
+            got = flux_dnn.conv(xd, wd, bd, **g.kwargs(), activation="relu")
+            assert lib.device_index(got) == device
+            _close(
+                lib,
+                got,
+                ref.epilogue(ref.conv_forward(x, w, b, *g.ref()), activation="relu"),
+                dtype,
+                f"device {device}",
+            )
