@@ -106,6 +106,11 @@ class ArrayLibrary:
         """Python source that builds an array of ones of this library (for subprocess tests)."""
         raise NotImplementedError
 
+    def repeated(self, a, shape: tuple):
+        """a (size 1 where shape is larger) repeated to shape without a copy (stride 0 there,
+        as torch's expand), or None when the library has no such views."""
+        return None
+
     # -- devices (the suite's second-device check) ----------------------------------------
     def device_count(self) -> int:
         """How many devices of this library's device type it sees here."""

@@ -137,6 +137,9 @@ class TorchLibrary(ArrayLibrary):
     def source(self, shape, dtype):
         return f"__import__('torch').ones({shape!r}, dtype=__import__('torch').{dtype}, device={self.device!r})"
 
+    def repeated(self, a, shape):
+        return a.expand(*shape)
+
     def device_count(self):
         return self.module.cuda.device_count() if self.device in ("cuda",) else 1
 
@@ -202,6 +205,9 @@ class CupyLibrary(ArrayLibrary):
 
     def source(self, shape, dtype):
         return f"__import__('cupy').ones({shape!r}, {dtype!r})"
+
+    def repeated(self, a, shape):
+        return self.module.broadcast_to(a, shape)
 
     def device_count(self):
         return self.module.cuda.runtime.getDeviceCount()
@@ -397,6 +403,11 @@ class RocmHostLibrary(ArrayLibrary):
 
     def element_strides(self, a):
         return tuple(s // a.host.itemsize for s in a.host.strides)
+
+    def repeated(self, a, shape):
+        from .rocm_host import RocmHostArray
+
+        return RocmHostArray(np.broadcast_to(a.host, shape))
 
     def source(self, shape, dtype):
         import pathlib

@@ -240,12 +240,10 @@ def test_activation_with_beta_at_limit_zero_is_refused_or_computed(backend, rng)
 def _repeated(lib, values, dtype, shape, layout="contiguous"):
     """values (a leading dim of size 1) repeated to `shape` without a copy: stride 0 where
     values has size 1, as torch's expand and CuPy's broadcast_to give."""
-    a = lib.array(values, dtype, layout)
-    if lib.name == "torch":
-        return a.expand(*shape)
-    if lib.name == "cupy":
-        return lib.module.broadcast_to(a, shape)
-    pytest.skip(f"{lib.name} has no views that repeat an element")
+    repeated = lib.repeated(lib.array(values, dtype, layout), shape)
+    if repeated is None:
+        pytest.skip(f"{lib.name} has no views that repeat an element")
+    return repeated
 
 
 @pytest.mark.matrix(libraries="first", where=strided_on_accelerator, activation=(None, "relu"), layout=LAYOUTS)
