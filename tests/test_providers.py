@@ -171,3 +171,21 @@ def test_conformance_libraries_of_plug_ins_are_listed():
     assert isinstance(conformance.registered_libraries(), list)
     broken = conformance.UnloadableLibrary("x", "entry point failed")
     assert broken.unavailable() == "entry point failed"
+
+
+def test_torch_xpu_tensors_give_the_current_streams_sycl_queue():
+    """torch XPU (no XPU here: a stand-in for torch.xpu): the shim gets the current stream's
+    sycl_queue (a sycl::queue* as an int), __dlpack__ gets no stream."""
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    asked = []
+
+    def current_stream(device):
+        asked.append(device)
+        return SimpleNamespace(sycl_queue=0x5EED)
+
+    fake_torch = SimpleNamespace(xpu=SimpleNamespace(current_stream=current_stream))
+    like = SimpleNamespace(device="xpu:1")
+    assert _adapters._xpu_streams(fake_torch, like) == providers.Streams(0x5EED, None)
+    assert asked == ["xpu:1"]

@@ -55,6 +55,17 @@ def test_cpu_flags_and_explicit_options():
     assert policy_of(x) == 0
 
 
+def test_xpu_tensors_follow_the_mkldnn_flags():
+    """XPU tensors (PyTorch's oneDNN on Intel GPUs) take the mkldnn flags, not cudnn's; read
+    through _flags by device type (no XPU here: the flags alone are checked)."""
+    torch.backends.cudnn.benchmark = torch.backends.cudnn.deterministic = True  # not for XPU tensors
+    assert ft._flags("xpu") == (False, False, None)
+    torch.backends.mkldnn.deterministic = True
+    torch.backends.mkldnn.conv.fp32_precision = "tf32"
+    assert ft._flags("xpu") == (True, False, True)
+    assert ft._flags("cpu")[2] is None  # tf32 means nothing to the CPU's oneDNN
+
+
 def test_flags_change_the_plan_the_shim_makes(rng):
     """Each flag setting is a plan of its own (the flags are part of the plan), with correct
     values; where the CPU computes bfloat16, mkldnn's "bf16" precision shows in the error."""

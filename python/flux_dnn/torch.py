@@ -97,7 +97,9 @@ def _pairs(lo, hi):
 #     and torch.backends.mkldnn.conv.fp32_precision = "bf16" (or inherited from
 #     mkldnn.fp32_precision / torch.backends.fp32_precision), which lets oneDNN compute float32
 #     convolutions in bfloat16 (allow_reduced_precision=True). torch.set_float32_matmul_precision
-#     governs matmuls only, in PyTorch as here.
+#     governs matmuls only, in PyTorch as here;
+#   XPU tensors (Intel GPUs, oneDNN in PyTorch too): the mkldnn flags as on the CPU, with
+#     fp32_precision "tf32" also lowering float32 (unverified: no XPU here).
 # Under torch.compile the flags are read when the graph is compiled.
 
 DETERMINISTIC, BENCHMARK, REDUCED_OFF, REDUCED_ON = 1, 2, 4, 8
@@ -141,6 +143,12 @@ def _flags(device_type: str) -> tuple:
     deterministic = torch.are_deterministic_algorithms_enabled()
     if device_type == "cpu":
         reduced = True if _cpu_fp32_precision() == "bf16" else None
+        return deterministic or torch.backends.mkldnn.deterministic, False, reduced
+    if device_type == "xpu":
+        # PyTorch's XPU convolutions are oneDNN's, governed by the mkldnn flags (deterministic
+        # since pytorch/pytorch#127277; fp32_precision "bf16" or "tf32" lowers float32). From
+        # PyTorch's sources and docs; not run here (no XPU).
+        reduced = True if _cpu_fp32_precision() in ("bf16", "tf32") else None
         return deterministic or torch.backends.mkldnn.deterministic, False, reduced
     cudnn = torch.backends.cudnn
     reduced = None if (torch.version.hip or cudnn.allow_tf32) else False
