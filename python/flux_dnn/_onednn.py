@@ -6,15 +6,21 @@ import os
 import pathlib
 import platform
 
-from ._discovery import ShimSpec, load_wheel_library, onednn_wheel_here
+from ._discovery import ShimSpec, find_wheel_file, load_wheel_library, onednn_wheel_here
 
 _LIBDNNL = "libdnnl.so.3"
+# The wheel's versioned file, which only oneDNN 3.2 installs. The SYCL plug-in's onednn wheel
+# (oneDNN 3.9) installs <prefix>/lib/libdnnl.so.3 at the same path as this wheel does, and pip
+# lets the last wheel installed own it: after `pip install flux-dnn-sycl`, libdnnl.so.3 is
+# oneDNN 3.9 (measured: the CPU shim then ran on 3.9 and the process crashed at exit).
+_LIBDNNL_VERSIONED = "libdnnl.so.3.2"
 _WHEEL = "onednn-cpu-gomp"
 
 
 def _preload_onednn() -> None:
-    """Load libdnnl.so.3 from the onednn-cpu-gomp wheel by path (or a system oneDNN the
-    loader finds), so the shim finds it without LD_LIBRARY_PATH wherever pip put the wheel.
+    """Load oneDNN 3.2 from the onednn-cpu-gomp wheel by path: its libdnnl.so.3.2 (soname
+    libdnnl.so.3), else its libdnnl.so.3, else a system oneDNN the loader finds. So the shim
+    finds it without LD_LIBRARY_PATH wherever pip put the wheel.
 
     RTLD_LOCAL: the shim's DT_NEEDED libdnnl.so.3 binds to this object (the loader matches a
     loaded object by soname, whatever its mode), while its symbols stay out of the global
@@ -22,7 +28,10 @@ def _preload_onednn() -> None:
     library linking oneDNN statically could otherwise meet them. The registry runs this
     preload before any non-CPU shim loads, so this is the first libdnnl.so.3 in the process."""
     try:
-        load_wheel_library(_WHEEL, _LIBDNNL, os.RTLD_LOCAL, fallback=_LIBDNNL)
+        if find_wheel_file(_WHEEL, _LIBDNNL_VERSIONED) is not None:
+            load_wheel_library(_WHEEL, _LIBDNNL_VERSIONED, os.RTLD_LOCAL)
+        else:
+            load_wheel_library(_WHEEL, _LIBDNNL, os.RTLD_LOCAL, fallback=_LIBDNNL)
     except OSError as exc:
         raise OSError(f"oneDNN ({_LIBDNNL}) not found: the {_WHEEL}==2023.2.0 wheel is not installed ({exc})") from None
 
