@@ -137,8 +137,10 @@ const char* unavailable_reason() {
       return std::string(
                  "the SYCL runtime lists no device: no Intel GPU driver (Level Zero) and no "
                  "OpenCL CPU device (pip install 'flux-dnn-sycl[cpu]'; OCL_ICD_FILENAMES must "
-                 "name its libintelocl.so before the SYCL runtime first lists devices, which "
-                 "import flux_dnn does unless dpctl/dpnp used a device before it)") +
+                 "name its libintelocl.so before the SYCL runtime first lists devices: the "
+                 "plug-in's start-up hook flux_dnn_sycl.pth sets it when Python starts, and "
+                 "importing flux_dnn_sycl does, which is too late once dpctl/dpnp listed "
+                 "devices; python -S skips the hook)") +
              (note && *note ? std::string(": ") + note : std::string());
     }
     return std::string();

@@ -2,10 +2,11 @@
 dpnp/dpctl arrays, PyTorch XPU tensors) through oneDNN's SYCL runtime. Registers the shim
 through the ``flux_dnn.shims`` entry point.
 
-Importing this package (flux_dnn reads its entry point at ``import flux_dnn``) points the
-OpenCL ICD loader at the wheel's CPU runtime (``OCL_ICD_FILENAMES``), so that the CPU is a SYCL
-device without any setting by the user (``_runtime.py`` says why and when that works); it
-loads no vendor library: the entry point's preload does, on the first SYCL array.
+The wheel's start-up hook (flux_dnn_sycl.pth) points the OpenCL ICD loader at the wheel's CPU
+runtime (``OCL_ICD_FILENAMES``) when Python starts, so that the CPU is a SYCL device without
+any setting by the user; importing this package does the same where the hook did not run
+(``_runtime.py`` says why and when that works). It loads no vendor library: the entry point's
+preload does, on the first SYCL array.
 
 It checks that the installed flux_dnn core speaks the ABI major the shim was built for
 (ImportError naming both versions otherwise)."""

@@ -12,11 +12,11 @@ What the runtime needs, and why it is done here:
   2025.3, ``libur_adapter_opencl.so``) shows it as ``opencl:cpu``. The loader reads the variable
   once, when it first enumerates platforms, which the SYCL runtime does the first time anyone
   lists devices (``dpctl.get_devices()``, a first dpnp array, a first SYCL queue), not at
-  ``import dpctl``. So :func:`configure_opencl` sets it in ``os.environ`` (which is the C
-  environment too) when flux_dnn_sycl is imported or its entry point is read -- flux_dnn reads
-  every entry point at ``import flux_dnn`` -- and that is early enough as long as no SYCL device
-  was listed before in the process. Where devices were listed earlier (dpctl used before
-  flux_dnn was imported), the CPU device stays invisible for the life of the process, and the
+  ``import dpctl``. The wheel's start-up hook (``flux_dnn_sycl.pth``, run by ``site`` when
+  Python starts) sets it before anything can list devices; :func:`configure_opencl`, run when
+  flux_dnn_sycl is imported, does the same for interpreters started without ``site``
+  (``python -S``), which is early enough only if no SYCL device was listed before in the
+  process: otherwise the CPU device stays invisible for the life of the process, and the
   shim's reason (``python -m flux_dnn info``) says what to do.
   A value the user set is kept (extended with the wheel's runtime, never replaced).
 - **oneDNN by path.** The SYCL oneDNN (``onednn`` 2025.3.0: oneDNN 3.9) and the CPU shim's
