@@ -57,19 +57,16 @@ step "tests/test_onednn_sycl.py, ABI suite, conformance suite"
 "$PY" -m pytest -q -p no:cacheprovider tests/conformance -m accelerator -k "dpnp or dpctl"
 
 step "install order: onednn (SYCL) installed after onednn-cpu-gomp, as 'pip install flux-dnn-sycl' after flux-dnn does"
-# Both wheels install <prefix>/lib/libdnnl.so.3; the last one installed owns it. The CPU shim's
-# preload loads that file (python/flux_dnn/_onednn.py): measured, with the SYCL wheel last the
-# CPU shim runs on oneDNN 3.9.1 and a process with both shims crashes at exit (SIGSEGV). The
-# fix is the CPU preload's (load onednn-cpu-gomp's versioned libdnnl.so.3.2); until it lands
-# this step reports, and fails only with FLUX_DNN_SYCL_CI_STRICT=1. The venv is put back after.
+# Both wheels install <prefix>/lib/libdnnl.so.3; the last one installed owns it. Before the CPU
+# preload loaded onednn-cpu-gomp's versioned libdnnl.so.3.2 (9027644) it loaded that file:
+# with the SYCL wheel last the CPU shim ran on oneDNN 3.9.1 and a process using both shims
+# crashed at exit (SIGSEGV). Both orders through flux_dnn again, in that state; the venv is
+# put back after (onednn-cpu-gomp reinstalled last), pass or fail.
 "$PY" -m pip install --quiet --no-deps --force-reinstall "onednn==2025.3.0"
 order_rc=0
 "$PY" -m pytest -q -p no:cacheprovider tests/test_onednn_sycl.py -k one_process || order_rc=$?
 "$PY" -m pip install --quiet --no-deps --force-reinstall "onednn-cpu-gomp==2023.2.0"
-if [ "$order_rc" != 0 ]; then
-  echo "sycl_ci: KNOWN ISSUE: with the SYCL oneDNN installed last, the CPU shim loads it (see above)"
-  [ "${FLUX_DNN_SYCL_CI_STRICT:-0}" = 1 ] && exit 1
-fi
+[ "$order_rc" = 0 ] || { echo "sycl_ci: with the SYCL oneDNN installed last, a shim got the other's oneDNN"; exit 1; }
 
 step "ABI fuzz"
 "$PY" tests/abi_fuzz/fuzz.py --shim onednn_sycl --seed 1 --seed 2 --seed 3 --cases 2000
