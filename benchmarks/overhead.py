@@ -89,7 +89,7 @@ def torch_rows() -> dict:
         "flux.torch conv2d (autograd.Function)": lambda: ft.conv2d(x, w, None, 1, 1),
         "conv_plan torch": lambda: plan(x),
         "conv_plan torch out=": lambda: plan(x, out=y),
-        "_core.run_conv torch (Tensor.__dlpack__)": lambda: _core.run_conv(p.shim, p.spec, x, w, y, None, None, None),
+        "_core.run_conv torch (exchange API)": lambda: _core.run_conv(p.shim, p.spec, x, w, y, None, None, None),
         "torch t.__dlpack__(max_version=(1,0))": lambda: x.__dlpack__(max_version=(1, 0)),
         "torch.utils.dlpack.to_dlpack(t)": lambda: to_dlpack(x),
         "torch.empty(shape, dtype=)": lambda: torch.empty(SHAPE_X, dtype=x.dtype),

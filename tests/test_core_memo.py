@@ -228,3 +228,25 @@ def test_numpy_and_torch_patterns_of_one_shape_are_told_apart(rng):
     y = flux_dnn.conv2d(torch.from_numpy(x), torch.from_numpy(w))
     assert isinstance(y, torch.Tensor)
     close(y.numpy(), expected_of(x, w, None, 2))
+
+
+def test_a_plan_makes_torch_outputs_in_the_core(rng):
+    """plan(x) on torch CPU tensors: a compact output is made by the core through torch's
+    allocator (the call slot, no Python frame), a channels-last one by the Python path."""
+    torch = _torch_with_exchange_api()
+    w, b = fresh(rng, (5, 3, 3, 3)), fresh(rng, (5,))
+    for channels_last in (False, True):
+        x = fresh(rng, (2, 3, 7, 6))
+        tx = torch.from_numpy(x)
+        if channels_last:
+            tx = tx.to(memory_format=torch.channels_last)
+        plan = flux_dnn.conv_plan(tx, torch.from_numpy(w), torch.from_numpy(b), padding=1)
+        first = plan(tx)
+        x2 = fresh(rng, x.shape)
+        tx2 = torch.from_numpy(x2)
+        if channels_last:
+            tx2 = tx2.to(memory_format=torch.channels_last)
+        y = plan(tx2)
+        assert type(y) is torch.Tensor and y is not first and y.stride() == first.stride()
+        assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        close(y.numpy(), expected_of(x2, w, b, 2, padding=1))

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 
+#include "dlpack_exchange.hpp"
 #include "dlpack_intake.hpp"
 #include "errors.hpp"
 #include "numpy_arrays.hpp"
@@ -548,13 +549,37 @@ py::handle PackedConv::unpacked_weights(py::handle w_array) const {
   return keep_w_;
 }
 
-// y as given, or, for None and a NumPy x, a new NumPy array with the planned output's layout.
+namespace {
+
+// Whether the planned output is compact row-major (what an exchange API's allocator makes).
+bool compact(const TensorSignature& s) {
+  int64_t step = 1;
+  for (int i = s.ndim - 1; i >= 0; --i) {
+    if (s.shape[i] != 1 && s.strides[i] != step) return false;
+    step *= s.shape[i];
+  }
+  return true;
+}
+
+}  // namespace
+
+// y as given; for None, a new array of x's library with the planned output's layout: NumPy's
+// (any layout), or, through DLPack's exchange API, a compact one of x's library.
 py::object PackedConv::allocated_output(py::handle x_array, py::handle y_array) const {
   if (!y_array.is_none()) return py::reinterpret_borrow<py::object>(y_array);
-  if (!is_numpy_array(x_array.ptr()))
-    throw py::type_error("out: a plan makes its output only for NumPy arrays; pass out=");
-  PyObject* made = numpy_empty(x_array.ptr(), y_signature_.dtype.bits / 8, y_signature_.ndim,
-                               y_signature_.shape, y_signature_.strides);
+  PyObject* made = nullptr;
+  if (is_numpy_array(x_array.ptr())) {
+    made = numpy_empty(x_array.ptr(), y_signature_.dtype.bits / 8, y_signature_.ndim, y_signature_.shape,
+                       y_signature_.strides);
+  } else if (const ExchangeApi* api = exchange_api_of(x_array.ptr()); api != nullptr && compact(y_signature_)) {
+    FDNN_DLTensor like{};
+    like.dtype = y_signature_.dtype;
+    like.device = y_signature_.device;
+    made = exchange_empty(api, like, y_signature_.ndim, y_signature_.shape);
+  } else {
+    throw py::type_error("out: a plan makes its output itself only for NumPy arrays and compact outputs of "
+                         "arrays with DLPack's exchange API; pass out=");
+  }
   if (made == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(made);
 }

@@ -665,8 +665,9 @@ class ConvPlan(_core.PlanCall):
     Later changes to the weights are not seen: make a new plan. Made by ``flux_dnn.conv_plan``;
     ``plan.shim`` names the shim that serves it, ``plan.algorithm`` the vendor's implementation.
 
-    ``plan(x)`` with NumPy arrays runs in the core with no Python frame (_core.PlanCall's call
-    slot); every other call goes to ``_call``."""
+    ``plan(x)`` on the CPU, where the core makes the output itself (NumPy arrays; compact
+    outputs of torch tensors, through DLPack's exchange API), runs in the core with no Python
+    frame (_core.PlanCall's call slot); every other call goes to ``_call``."""
 
     def __init__(self, nd, x, w, bias, stride, padding, dilation, groups, options: ConvOptions):
         xo, wo = _operand(x, "x"), _operand(w, "w")
@@ -688,9 +689,16 @@ class ConvPlan(_core.PlanCall):
         # capsule (torch's fast exporter) to a GPU plan
         self._w = None if self._packed.packed else w
         self._gpu, self._direct = prepared.gpu, prepared.direct
-        if prepared.direct and xo.adapter.core_native:  # the core makes the output itself
+        if prepared.direct and self._core_makes_outputs(xo.adapter, prepared):
             self._bind_fast(self._packed, bias, type(x))
         self.input_shape, self.output_shape, self.dtype = xo.shape, prepared.out_shape, xo.dtype
+
+    @staticmethod
+    def _core_makes_outputs(provider, prepared: _Prepared) -> bool:
+        """Whether the core makes this plan's outputs itself, so that plan(x) runs with no
+        Python frame (_core.PlanCall): NumPy's in any layout (core_native), a core_memo
+        provider's (DLPack's exchange API) when compact."""
+        return provider.core_native or (provider.core_memo and not prepared.channels_last)
 
     @staticmethod
     def _pack(prepared: _Prepared, x, w, bias, sample):
