@@ -10,8 +10,8 @@ import numpy as np
 
 import reference as ref
 
+from . import device_memory
 from . import fdnn_ctypes as F
-from . import sycl_usm
 from .fdnn_ctypes import ABI
 
 ACTIVATIONS = {name.lower(): value for name, value in ABI.group("ACTIVATION_").items()}
@@ -52,10 +52,12 @@ class Problem:
     ):
         info = shim.info()
         # Whether the operands are host-visible and the problem executes: CPU shims, and a
-        # SYCL shim on USM shared memory (sycl_usm.py) with its queue as the stream.
-        self.usm = info.device_type == ABI.DEVICE_ONEAPI and info.num_devices > 0 and sycl_usm.available()
-        self.cpu = info.device_type == ABI.DEVICE_CPU or self.usm
-        self.stream = sycl_usm.stream() if self.usm else None
+        # device shim whose memory the host can reach (device_memory.py: USM shared memory
+        # on a SYCL device), with that memory's stream.
+        on_device = info.device_type != ABI.DEVICE_CPU and info.num_devices > 0
+        self.memory = device_memory.for_device(info.device_type) if on_device else None
+        self.cpu = info.device_type == ABI.DEVICE_CPU or self.memory is not None
+        self.stream = self.memory.stream() if self.memory else None
         self.device = (info.device_type, 0)
         self.op, self.dtype, self.rank = OPS[op], dtype, rank
         rng = np.random.default_rng(seed)
@@ -75,8 +77,8 @@ class Problem:
             del self.values["bias"]
         storage = NUMPY.get(dtype, np.uint16)
         self.arrays = {name: self._store(v, storage) for name, v in self.values.items()}
-        if self.usm:
-            self.arrays = {name: sycl_usm.copy(a) for name, a in self.arrays.items()}
+        if self.memory:
+            self.arrays = {name: device_memory.copy(self.memory, a) for name, a in self.arrays.items()}
         self.out = {ABI.CONV_FORWARD: "y", ABI.CONV_BACKWARD_DATA: "x", ABI.CONV_BACKWARD_WEIGHT: "w"}[self.op]
         self.writes_bias = bias and self.op == ABI.CONV_BACKWARD_WEIGHT
         for name in (self.out, "bias") if beta == 0 else ():
@@ -132,7 +134,8 @@ class Problem:
         )
 
     def execute_args(self, plan, workspace_size, **pointers):
-        raw = sycl_usm.workspace(workspace_size + 64) if self.usm else np.empty(workspace_size + 64, np.uint8)
+        empty = self.memory.empty if self.memory else np.empty
+        raw = empty((workspace_size + 64,), np.uint8)
         ws = raw.ctypes.data + (-raw.ctypes.data) % 64
         fields = {name: a.ctypes.data for name, a in self.arrays.items()}
         fields.update(pointers)

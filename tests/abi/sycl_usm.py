@@ -5,13 +5,16 @@ pointer, so the suite's NumPy arrays can live there: each is a NumPy view of a d
 ``MemoryUSMShared`` block, its ``ctypes.data`` the USM pointer the shim receives, and every
 check that reads results on the host reads them in place. The shim's stream is a dpctl
 in-order queue on device 0 (``queue()``). Without dpctl or a SYCL device, ``available()`` is
-False and the suite treats a oneAPI shim as any device shim (descriptors only)."""
+False and the suite treats a oneAPI shim as any device shim (descriptors only). The suite
+reaches it through device_memory.py, as plug-ins' memories (entry points)."""
 
 from __future__ import annotations
 
 import functools
 
 import numpy as np
+
+device_type = 14  # DLPack's kDLOneAPI (device_memory.py's interface)
 
 
 @functools.cache

@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
+from . import device_memory
 from . import fdnn_ctypes as F
-from . import sycl_usm
 from .fdnn_ctypes import ABI
 from .problems import OPS as OPS_CODES
 from .problems import Problem, check_result, plan
@@ -372,8 +372,8 @@ def _overlapping_view(p, name, rng):
     span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
     base_values = rng.integers(-4, 5, span) / 4.0
     base = Problem._store(base_values, a.dtype.type if a.dtype != np.uint16 else np.uint16)
-    if p.usm:  # a SYCL shim reads USM memory (sycl_usm.py)
-        base = sycl_usm.copy(base)
+    if p.memory:  # a device shim reads its own memory (device_memory.py)
+        base = device_memory.copy(p.memory, base)
     view = np.lib.stride_tricks.as_strided(base, a.shape, [s * a.itemsize for s in strides])
     p.values[name] = np.lib.stride_tricks.as_strided(base_values, a.shape, [s * 8 for s in strides]).copy()
     p.arrays[name] = view

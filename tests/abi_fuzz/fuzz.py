@@ -108,36 +108,35 @@ def out_size(x, k, stride, dil, lo, hi):
 def host_memory_devices() -> tuple:
     """The device types whose memory is host memory here: the CPU, ROCm when the MIOpen
     shim runs on its test double (.ci/fuzz.sh sets FLUX_DNN_FUZZ_ROCM_DOUBLE=1 with
-    FLUX_DNN_MIOPEN_LIBRARY; never with FLUX_DNN_MIOPEN_REAL=1, a real AMD GPU), and oneAPI
-    when a SYCL queue is set up (SYCL_USM below): buffers are then USM shared allocations,
-    which the host reads and writes through their pointers as it does host memory."""
+    FLUX_DNN_MIOPEN_LIBRARY; never with FLUX_DNN_MIOPEN_REAL=1, a real AMD GPU), and the
+    device of a shim whose memory the host reaches (DEVICE_MEMORY below: USM shared memory on
+    a SYCL device), which the host reads and writes through its pointers as host memory."""
     double = os.environ.get("FLUX_DNN_FUZZ_ROCM_DOUBLE") == "1" and os.environ.get("FLUX_DNN_MIOPEN_REAL") != "1"
     found = (ABI.DEVICE_CPU, ABI.DEVICE_ROCM) if double else (ABI.DEVICE_CPU,)
-    return found + ((ABI.DEVICE_ONEAPI,) if SYCL_USM else ())
+    memory = DEVICE_MEMORY.get("memory")
+    return found + ((memory.device_type,) if memory is not None else ())
 
 
-#: A SYCL shim's cases (device type oneAPI, the onednn_sycl shim): {"queue": a dpctl in-order
-#: SyclQueue on device 0} once use_sycl_usm() ran; Buffer then allocates USM shared memory on
-#: it and every execute and pack passes the queue as the stream. Empty: host buffers only.
-SYCL_USM: dict = {}
+#: {"memory": the host-visible memory of the fuzzed shim's device} once use_device_memory()
+#: found one (abi/device_memory.py: registered by a plug-in, e.g. SYCL's USM shared memory);
+#: Buffer then allocates there and every execute and pack passes its stream. Empty: host
+#: buffers only.
+DEVICE_MEMORY: dict = {}
 
 
-def use_sycl_usm() -> None:
-    """Sets SYCL_USM up when dpctl is importable and lists a device (the shim's own preload
-    ran first, so its OpenCL CPU runtime is visible)."""
-    try:
-        import dpctl  # noqa: PLC0415 -- only for a SYCL shim
-        import dpctl.memory  # noqa: PLC0415, F401
-    except ImportError:
-        return
-    if dpctl.get_num_devices() == 0:
-        return
-    SYCL_USM["queue"] = dpctl.SyclQueue(dpctl.get_devices()[0], property="in_order")
+def use_device_memory(device_type: int) -> None:
+    """Sets DEVICE_MEMORY up when the device has host-visible memory here (the shim's own
+    preload ran first, so its runtime sees its devices)."""
+    from abi import device_memory  # noqa: PLC0415 -- pytest's module, imported by the child only
+
+    memory = device_memory.for_device(device_type)
+    if memory is not None:
+        DEVICE_MEMORY["memory"] = memory
 
 
-def sycl_stream():
-    q = SYCL_USM.get("queue")
-    return None if q is None else q.addressof_ref()
+def device_stream():
+    memory = DEVICE_MEMORY.get("memory")
+    return None if memory is None else memory.stream()
 
 
 class Tensor:
@@ -601,11 +600,10 @@ class Buffer:
 
     def __init__(self, nbytes: int, align: int = 64):
         self.nbytes = nbytes
-        if SYCL_USM:  # USM shared: the device's memory, readable and writable by the host
-            import dpctl.memory  # noqa: PLC0415
-
-            self.raw = dpctl.memory.MemoryUSMShared(nbytes + 2 * GUARD + align, queue=SYCL_USM["queue"])
-            base = self.raw._pointer
+        memory = DEVICE_MEMORY.get("memory")
+        if memory is not None:  # the device's memory, readable and writable by the host
+            self.raw = memory.empty((nbytes + 2 * GUARD + align,), np.uint8)
+            base = self.raw.ctypes.data
         else:
             self.raw = C.create_string_buffer(nbytes + 2 * GUARD + align)
             base = C.addressof(self.raw)
@@ -857,7 +855,7 @@ def pack(shim, c: Case, a, buffers) -> tuple:
         return "ok-valid", "no packing here"
     kind = c.pack
     w = buffers["w"].start + c.w.misalign + c.w.byte_offset
-    args = F.new(F.ConvPlanPackWeightsArgs, plan=a.plan, w=w, stream=sycl_stream())
+    args = F.new(F.ConvPlanPackWeightsArgs, plan=a.plan, w=w, stream=device_stream())
     args.packed_plan, args.workspace_size = SENTINEL, SENTINEL
     if kind == "null_args":
         error = shim.call("Conv_Plan_Pack_Weights", None)
@@ -911,7 +909,7 @@ def run_case(shim, c: Case) -> tuple:
 def execute(shim, c: Case, a, buffers) -> tuple:
     ws = Buffer(a.workspace_size)
     e = F.new(F.ConvPlanExecuteArgs, plan=a.plan, workspace=ws.start if a.workspace_size else None)
-    e.stream = sycl_stream()
+    e.stream = device_stream()
     e.workspace_size = a.workspace_size
     for name in ("x", "w", "y", "bias"):
         b = buffers.get(name)
@@ -988,8 +986,8 @@ def open_shim(name: str):
 def worker(shim_name: str, seed: int, start: int, stop: int) -> None:
     shim = open_shim(shim_name)
     info = shim.info()
-    if info.device_type == ABI.DEVICE_ONEAPI and info.num_devices > 0:
-        use_sycl_usm()
+    if info.device_type != ABI.DEVICE_CPU and info.num_devices > 0:
+        use_device_memory(info.device_type)
     out = sys.stdout
     for i in range(start, stop):
         out.write(f"start {i}\n")
