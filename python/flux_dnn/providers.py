@@ -91,9 +91,11 @@ class Provider:
 
     # -- reading arrays ------------------------------------------------------------------
     def export(self, a):
-        """What the core receives for a: a itself (its ``__dlpack__`` is called with the
-        call's ``Streams.dlpack``), or a DLPack capsule made by a faster exporter of the
-        library (then exports_itself is False). A capsule is consumed by one call."""
+        """What the core receives for a: a itself, or a DLPack capsule made by a faster
+        exporter of the library (then exports_itself is False; a capsule is consumed by one
+        call). The core reads a itself through DLPack's exchange API when its type has one
+        (``__dlpack_c_exchange_api__``, dlpack.h 1.3: one C call, no capsule), else through
+        ``a.__dlpack__(stream=Streams.dlpack)``."""
         return a
 
     def key(self, a) -> tuple:
