@@ -6,6 +6,7 @@ CPU shims carry the calls."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 
 import numpy as np
 import pytest
@@ -189,3 +190,87 @@ def test_torch_xpu_tensors_give_the_current_streams_sycl_queue():
     like = SimpleNamespace(device="xpu:1")
     assert _adapters._xpu_streams(fake_torch, like) == providers.Streams(0x5EED, None)
     assert asked == ["xpu:1"]
+
+
+PLUGIN_MODULE = '''
+import numpy as np
+from flux_dnn import _core
+from flux_dnn.conformance import ArrayLibrary
+from flux_dnn.providers import Provider
+
+
+class Array:
+    """NumPy memory under a type of another module: what a plug-in's array library is to flux_dnn."""
+
+    def __init__(self, a):
+        self.a, self.shape, self.dtype = a, a.shape, a.dtype
+
+    def __dlpack__(self, stream=None, max_version=None, **_):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+class FakeProvider(Provider):
+    name = "fakearrays"
+    made = []
+
+    def dtype_name(self, a, argname="array"):
+        return a.dtype.name
+
+    def strides(self, a):
+        return tuple(s // a.a.itemsize for s in a.a.strides)
+
+    def empty(self, like, shape, channels_last):
+        self.made.append(shape)
+        return Array(np.empty(shape, like.dtype))
+
+
+class FakeLibrary(ArrayLibrary):
+    name = "fakearrays"
+
+    def unavailable(self):
+        return None
+
+
+def libraries():
+    return [FakeLibrary()]
+
+
+HINTS = {_core.DEVICE_ONEAPI: "pip install flux-dnn-fake"}
+'''
+
+
+def test_a_plug_in_registers_provider_hint_and_conformance_library_through_entry_points(tmp_path):
+    """An installed distribution (here a dist-info folder on sys.path) reaches flux_dnn only
+    through its entry points: its arrays get its provider, its hint is used, its conformance
+    library is listed. Run in a fresh interpreter, whose entry points include it."""
+    import subprocess
+    import sys
+
+    (tmp_path / "fakearrays.py").write_text(PLUGIN_MODULE)
+    info = tmp_path / "flux_dnn_fake-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flux-dnn-fake\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[flux_dnn.providers]\nfakearrays = fakearrays:FakeProvider\n\n"
+        "[flux_dnn.install_hints]\nfake = fakearrays:HINTS\n\n"
+        "[flux_dnn.conformance_libraries]\nfake = fakearrays:libraries\n"
+    )
+    code = """
+import numpy as np, flux_dnn, fakearrays
+from flux_dnn import _core, conformance, providers
+from flux_dnn._discovery import install_hint
+x, w = np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32)
+y = flux_dnn.conv2d(fakearrays.Array(x), fakearrays.Array(w))
+assert type(y) is fakearrays.Array and fakearrays.FakeProvider.made == [(1, 3, 3, 3)], y
+assert float(y.a.min()) == float(y.a.max()) == 18.0
+assert type(providers.provider_for(y, "y")) is fakearrays.FakeProvider
+assert install_hint(_core.DEVICE_ONEAPI) == "pip install flux-dnn-fake"
+assert [lib.name for lib in conformance.registered_libraries()] == ["fakearrays"]
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
