@@ -13,6 +13,7 @@ def info() -> int:
 
     print(f"flux_dnn {flux_dnn.__version__}, ABI {flux_dnn.ABI_VERSION[0]}.{flux_dnn.ABI_VERSION[1]}")
     _print_packages(flux_dnn.__version__)
+    _print_providers()
     statuses = flux_dnn.shims()
     if not statuses:
         print("no shims installed")
@@ -43,6 +44,22 @@ def _print_packages(core_version: str) -> None:
         mismatch = name != "flux-dnn" and version.split(".")[:2] != core_series
         note = f"  (the core is {core_version}: pip install '{name}~={core_version}')" if mismatch else ""
         print(f"  package {name} {version}{note}")
+
+
+def _print_providers() -> None:
+    """The array libraries with a provider of their own (entry-point group flux_dnn.providers,
+    by the package that registers them; none is loaded here); others go through DLPack and
+    the array API."""
+    import importlib.metadata
+
+    from .providers import ENTRY_POINT_GROUP
+
+    by_package: dict = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        package = ep.dist.name if ep.dist is not None else "?"
+        by_package.setdefault(package, []).append(ep.name)
+    listed = "; ".join(f"{', '.join(names)} ({package})" for package, names in by_package.items())
+    print(f"  arrays: {listed or 'none registered'}; any other array through DLPack and the array API")
 
 
 def _print_shim(s) -> None:
