@@ -12,9 +12,7 @@ A plug-in registers one for its device type in the entry-point group
 - ``empty(shape, dtype) -> numpy.ndarray``: a C-contiguous array in that memory, whose
   ``ctypes.data`` is the pointer the shim receives (kept alive by the array).
 
-The suite names no vendor here: until a plug-in registers its own, the suite's USM shared
-memory (sycl_usm.py, a module with those four names) stands for oneAPI; it moves into the
-flux-dnn-sycl package with its entry point."""
+The suite names no vendor here (flux-dnn-sycl registers SYCL's USM shared memory)."""
 
 from __future__ import annotations
 
@@ -24,12 +22,6 @@ import importlib.metadata
 import numpy as np
 
 GROUP = "flux_dnn.host_visible_memory"
-
-
-def _suite_memories() -> list:
-    from . import sycl_usm  # transitional: see the module docstring
-
-    return [sycl_usm]
 
 
 @functools.cache
@@ -42,7 +34,7 @@ def for_device(device_type: int):
             registered.append(ep.load()())
         except Exception:  # noqa: BLE001, S112 -- a broken plug-in leaves its device without memory
             continue
-    for memory in [*registered, *_suite_memories()]:
+    for memory in registered:
         if memory.device_type == device_type and memory.available():
             return memory
     return None

@@ -107,6 +107,9 @@ class DpctlLibrary(_SyclLibrary):
     def source(self, shape, dtype):
         return f"__import__('dpctl.tensor', fromlist=['ones']).ones({shape!r}, dtype={dtype!r})"
 
+    def repeated(self, a, shape):
+        return _dpt().broadcast_to(a, shape)  # a view with stride 0 where a has size 1
+
 
 class DpnpLibrary(_SyclLibrary):
     name = "dpnp"
@@ -130,6 +133,9 @@ class DpnpLibrary(_SyclLibrary):
 
     def source(self, shape, dtype):
         return f"__import__('dpnp').ones({shape!r}, dtype={dtype!r})"
+
+    def repeated(self, a, shape):
+        return _dpnp().broadcast_to(a, shape)  # a view with stride 0 where a has size 1
 
 
 def libraries() -> list:

@@ -1,20 +1,22 @@
-"""USM shared memory for the ABI suite on a SYCL shim (device type oneAPI: onednn_sycl).
+"""USM shared memory for suites that drive the onednn_sycl shim through ctypes (flux_dnn's ABI
+suite and fuzzer), registered in the entry-point group ``flux_dnn.host_visible_memory``.
 
 A USM shared allocation is device memory that the host reads and writes through the same
 pointer, so the suite's NumPy arrays can live there: each is a NumPy view of a dpctl
 ``MemoryUSMShared`` block, its ``ctypes.data`` the USM pointer the shim receives, and every
 check that reads results on the host reads them in place. The shim's stream is a dpctl
 in-order queue on device 0 (``queue()``). Without dpctl or a SYCL device, ``available()`` is
-False and the suite treats a oneAPI shim as any device shim (descriptors only). The suite
-reaches it through device_memory.py, as plug-ins' memories (entry points)."""
+False and the suite treats a oneAPI shim as any device shim (descriptors only). The suites
+reach it through their device_memory.py, which reads that entry point (``memory()``)."""
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 
-device_type = 14  # DLPack's kDLOneAPI (device_memory.py's interface)
+device_type = 14  # DLPack's kDLOneAPI (the interface of the suites' device_memory.py)
 
 
 @functools.cache
@@ -58,3 +60,9 @@ def copy(a: np.ndarray) -> np.ndarray:
 
 def workspace(nbytes: int) -> np.ndarray:
     return empty((nbytes,), np.uint8)
+
+
+def memory():
+    """The entry point: this module, which has the interface's names (device_type,
+    available, stream, empty)."""
+    return sys.modules[__name__]
