@@ -7,10 +7,9 @@
 // The ABI's `stream` is a `sycl::queue*` (dpctl's SyclQueue.addressof_ref(), torch XPU's
 // current stream's queue): every primitive runs on a oneDNN stream made on that very queue
 // (dnnl_sycl_interop_stream_create), never on a queue of the shim's own. Conv_Plan_Execute
-// runs after the queue's earlier work (an in-order queue orders it; on an out-of-order queue
-// the shim waits for that work first) and returns when the result is written: oneDNN's SYCL
-// primitives read their memory objects when the work runs, and without SYCL headers the shim
-// cannot tie their release to the work's completion (execute_on_queue).
+// returns once its work is queued, with no host wait, ordered after the queue's earlier work;
+// on an in-order queue the queue orders its later work after it, on an out-of-order queue a
+// barrier submitted after the call does (see Execution below).
 //
 // Engines: one per (SYCL device, SYCL context), made from the caller's own device and context
 // (dnnl_sycl_interop_engine_create), cached for the process: a GPU, the CPU device and several
@@ -94,12 +93,6 @@ struct PostOps {
   ~PostOps() { D().dnnl_post_ops_destroy(h); }
   PostOps(const PostOps&) = delete;
   PostOps& operator=(const PostOps&) = delete;
-};
-struct Stream {
-  dnnl_stream_t h = nullptr;
-  ~Stream() {
-    if (h) D().dnnl_stream_destroy(h);
-  }
 };
 
 size_t md_size(const Md& md) { return md ? D().dnnl_memory_desc_get_size(md.get()) : 0; }
@@ -329,6 +322,7 @@ struct Built {
   Prim conv;
   std::vector<Operand> operands;
   size_t scratchpad = 0;
+  Md scratch_md;  // the scratchpad as bytes
   size_t workspace = 0;
   Mem alpha;  // one float32 alpha in the engine's memory, for scaled output reorders
   Mem packed_w;  // Conv_Plan_Pack_Weights: weights in the primitive's layout, plan-owned
@@ -600,6 +594,10 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
     scratch = md_size(s);
   }
   b->scratchpad = scratch;
+  if (scratch > 0) {
+    const int64_t bytes = static_cast<int64_t>(scratch);
+    b->scratch_md = tagged_md(1, &bytes, dnnl_u8, dnnl_a);
+  }
   auto add = [&](int arg, int slot, bool output, const Md& user, dnnl_query_t q) {
     Operand o;
     o.arg = arg;
@@ -674,6 +672,29 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
 
 // ------------------------------------------------------------------------------------------
 // Execution
+//
+// Ordering and lifetimes (issue 28, deliverable 4). A call submits its primitives and returns
+// once they are queued; it never waits on the host.
+// - oneDNN's SYCL CPU submission retains the primitive and every dnnl_memory_t argument until
+//   its host task has run (cpu/sycl/stream_submit_cpu_primitive.cpp: retain() before the
+//   submission, release() in the thunk), so the memory objects of a call are released by the
+//   shim at once. What the host task reads and oneDNN does not retain is the dnnl_stream_t
+//   (the execution context points at it): the shim's streams live as long as the process
+//   (QueueStream), one per (engine, caller's queue), never destroyed with work in flight.
+// - In-order queue (torch XPU's streams, dpctl's "in_order"): the queue orders the primitives
+//   after its earlier work, after each other and before its later work. Nothing else is done.
+// - Out-of-order queue (dpctl's and dpnp's default): oneDNN does not order one primitive after
+//   the previous one (its stream forgets the last event after each execution), so the shim
+//   chains them with events (dnnl_sycl_interop_primitive_execute's dependencies and returned
+//   event). The first depends on a queue barrier (ext_oneapi_submit_barrier(): every command
+//   submitted to the queue before the call), and after the last the shim submits a barrier
+//   waiting for it. On such a queue SYCL orders nothing by itself: the caller's later work is
+//   ordered after the call by depending on a barrier submitted after it (measured: a barrier
+//   the caller submits then completes after the call's work; a dpnp kernel submitted with no
+//   dependency did not wait for it). The plug-in's providers do so, through dpctl's order
+//   manager (providers.py); Conv_Plan_Execute has no event to return (the ABI has no field).
+// - The caller's pointers (tensors, workspace) must stay valid until the work has run, as
+//   with a CUDA stream; the plug-in's Python providers keep the arrays alive (providers.py).
 
 Mem usm_memory(const Md& md, dnnl_engine_t engine, void* ptr) {
   dnnl_memory_t m = nullptr;
@@ -682,35 +703,105 @@ Mem usm_memory(const Md& md, dnnl_engine_t engine, void* ptr) {
   return own(m);
 }
 
-// Runs a built plan on `stream`: inputs staged, the convolution, outputs written back.
-// pointers: x, w, y, bias (USM); workspace: USM, >= b.workspace bytes.
+// A oneDNN stream on one caller's queue, kept for the process (see above): oneDNN's host tasks
+// read it after submission. One call's submissions at a time go through it (mutex).
+struct QueueStream {
+  dnnl_stream_t stream = nullptr;
+  bool in_order = true;
+  std::mutex mutex;
+  ~QueueStream() {
+    if (stream) D().dnnl_stream_destroy(stream);
+  }
+};
+
+// The stream of (engine, queue), made on first use. Keyed by the queue's impl (a sycl::queue
+// is one std::shared_ptr to it, sycl_lib.hpp), which the stream's own copy of the queue keeps
+// alive, so a key is never reused by another queue. Never freed: at most kMostStreams queues
+// (an array library uses one or a few per device); beyond that, calls get a stream of their
+// own that lives until the process ends too (leaked on purpose: work may be in flight).
+constexpr size_t kMostStreams = 256;
+
+QueueStream& stream_for(dnnl_engine_t engine, void* queue) {
+  static std::mutex mutex;
+  static auto* cache = new std::map<std::pair<dnnl_engine_t, const void*>, QueueStream*>;
+  const void* id = static_cast<const fdnn_sycl::SyclObject*>(queue)->id();
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(engine, id);
+  auto it = cache->find(key);
+  if (it != cache->end()) return *it->second;
+  auto s = std::make_unique<QueueStream>();
+  check(D().dnnl_sycl_interop_stream_create(&s->stream, engine, queue), "stream creation");
+  s->in_order = libraries().sycl.queue_is_in_order(queue);
+  QueueStream* out = s.release();
+  if (cache->size() < kMostStreams) cache->emplace(key, out);
+  return *out;
+}
+
+// The primitives of one call on one stream, in submission order (see above).
+struct Chain {
+  dnnl_stream_t stream;
+  void* queue;
+  bool in_order;
+  std::vector<fdnn_sycl::SyclObject> deps;  // out of order: the last event, after begin()
+  fdnn_sycl::SyclObject last;                // the event of the last primitive
+  bool submitted = false;
+  char code_location[64] = {};  // sycl::detail::code_location (file, function, line, column)
+
+  Chain(dnnl_stream_t s, void* q, bool ordered) : stream(s), queue(q), in_order(ordered) {}
+
+  void exec(const Prim& prim, const dnnl_exec_arg_t* args, int nargs, const char* what) {
+    if (!in_order && !submitted) {  // after everything submitted to the queue before
+      fdnn_sycl::SyclObject barrier;
+      libraries().sycl.queue_barrier(&barrier, queue, code_location);
+      deps.assign(1, barrier);
+    }
+    fdnn_sycl::SyclObject event;
+    check(D().dnnl_sycl_interop_primitive_execute(prim.get(), stream, nargs, args, in_order ? nullptr : &deps,
+                                                  &event),
+          what);
+    submitted = true;
+    last = event;
+    if (!in_order) deps.assign(1, event);
+  }
+
+  // Out of order: the barrier that orders the queue's later work after the chain.
+  void finish() {
+    if (in_order || !submitted) return;
+    fdnn_sycl::SyclObject barrier;
+    libraries().sycl.queue_barrier_after(&barrier, queue, &deps, code_location);
+    last = barrier;
+    deps.clear();
+    submitted = false;
+  }
+
+  // The host waits for the chain (plan creation's timing and packing only).
+  void wait() {
+    finish();
+    if (last.impl) libraries().sycl.event_wait(&last);
+  }
+};
+
 // Enqueues the gather of an overlapping read operand from the caller's `from` into the
-// compact copy at `to` (Operand::gathered); memory objects go to `keep`.
-void gather_into(const Operand& o, dnnl_engine_t engine, dnnl_stream_t stream, void* from, char* to,
-                 std::vector<Mem>& keep, bool serialize) {
+// compact copy at `to` (Operand::gathered).
+void gather_into(const Operand& o, dnnl_engine_t engine, Chain& chain, void* from, char* to) {
   const int64_t esize = static_cast<int64_t>(o.element_bytes);
   for (const auto& [a, b] : o.slices) {
     Mem src = usm_memory(o.slice_src, engine, static_cast<char*>(from) + a * esize);
     Mem dst = usm_memory(o.slice_dst, engine, to + b * esize);
-    keep.push_back(src);
-    keep.push_back(dst);
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src.get()}, {DNNL_ARG_TO, dst.get()}};
-    check(D().dnnl_primitive_execute(o.gather.get(), stream, 2, args), "gather");
-    if (serialize) check(D().dnnl_stream_wait(stream), "stream wait");
+    chain.exec(o.gather, args, 2, "gather");
   }
 }
 
-// Every memory object made is appended to `keep`, which must outlive the submitted work.
-// serialize: the queue is out of order, where oneDNN does not order one primitive after the
-// previous one on the same stream (its SYCL interop documentation: the caller passes events);
-// then each primitive is waited for before the next is submitted.
-void run(const Built& b, dnnl_stream_t stream, void* const pointers[4], char* workspace,
-         std::vector<Mem>& keep, bool serialize) {
+// Runs a built plan on `chain`: inputs staged, the convolution, outputs written back.
+// pointers: x, w, y, bias (USM); workspace: USM, >= b.workspace bytes. The memory objects are
+// released on return: oneDNN holds them until its work has run.
+void run(const Built& b, Chain& chain, void* const pointers[4], char* workspace) {
   const dnnl_engine_t engine = b.engine;
+  std::vector<Mem> keep;  // until every primitive is submitted
   std::vector<dnnl_exec_arg_t> args;
   auto exec = [&](const Prim& prim, std::vector<dnnl_exec_arg_t> a) {
-    check(D().dnnl_primitive_execute(prim.get(), stream, static_cast<int>(a.size()), a.data()), "execution");
-    if (serialize) check(D().dnnl_stream_wait(stream), "stream wait");
+    chain.exec(prim, a.data(), static_cast<int>(a.size()), "execution");
   };
   for (const Operand& o : b.operands) {
     void* user_ptr = pointers[o.slot];
@@ -720,7 +811,7 @@ void run(const Built& b, dnnl_stream_t stream, void* const pointers[4], char* wo
     }
     if (o.gathered) {  // slice by slice into the compact copy, which the rest then reads
       char* copy = workspace + o.gather_offset;
-      gather_into(o, engine, stream, user_ptr, copy, keep, serialize);
+      gather_into(o, engine, chain, user_ptr, copy);
       user_ptr = copy;
     }
     Mem user = usm_memory(o.user, engine, user_ptr);
@@ -735,8 +826,7 @@ void run(const Built& b, dnnl_stream_t stream, void* const pointers[4], char* wo
     args.push_back({o.arg, staged.get()});
   }
   if (b.scratchpad > 0) {
-    const int64_t bytes = static_cast<int64_t>(b.scratchpad);
-    Mem scratch = usm_memory(tagged_md(1, &bytes, dnnl_u8, dnnl_a), engine, workspace);
+    Mem scratch = usm_memory(b.scratch_md, engine, workspace);
     keep.push_back(scratch);
     args.push_back({DNNL_ARG_SCRATCHPAD, scratch.get()});
   }
@@ -794,28 +884,32 @@ struct Plan {
   }
 };
 
-// Executes on the caller's queue, after the queue's earlier work, and returns when the
-// result is written. The wait is not a choice of ordering but of lifetime: oneDNN's SYCL
-// primitives read their dnnl_memory_t arguments when the submitted work runs (on the CPU
-// device in a SYCL host task, found by a use-after-free when the shim returned at once), and
-// the shim, with no SYCL headers, cannot attach their release to the work's completion.
-// On an out-of-order queue the queue's earlier work is waited for first (nothing else orders
-// the shim's work after it).
+// FLUX_DNN_SYCL_BLOCKING=1 (read at each call, as CUDA_LAUNCH_BLOCKING is at start): execute
+// waits on the host for its own work before it returns, for callers that read results on the
+// host with no queue to wait on (the ABI suite and fuzzer on USM shared memory, whose
+// host-visible-memory interface has no synchronisation step; flux_dnn_sycl.usm_memory sets
+// it) and for debugging.
+bool blocking() {
+  const char* v = std::getenv("FLUX_DNN_SYCL_BLOCKING");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+
+// Executes on the caller's queue after its earlier work (see Execution above) and returns
+// once the work is queued.
 void execute_on_queue(const Built& b, void* queue, void* const pointers[4], char* workspace) {
-  const fdnn_sycl::Sycl& s = libraries().sycl;
-  char code_location[64] = {};  // sycl::detail::code_location: file, function, line, column
-  const bool in_order = s.queue_is_in_order(queue);
-  if (!in_order) s.queue_wait(queue, code_location);
-  Stream stream;
-  check(D().dnnl_sycl_interop_stream_create(&stream.h, b.engine, queue), "stream creation");
-  std::vector<Mem> keep;  // every memory object of the call, alive until the work is done
+  QueueStream& qs = stream_for(b.engine, queue);
+  std::lock_guard<std::mutex> lock(qs.mutex);
+  Chain chain(qs.stream, queue, qs.in_order);
   try {
-    run(b, stream.h, pointers, workspace, keep, !in_order);
+    run(b, chain, pointers, workspace);
   } catch (...) {
-    D().dnnl_stream_wait(stream.h);  // what was submitted still reads `keep`
+    chain.finish();  // what was submitted stays ordered before the queue's later work
     throw;
   }
-  check(D().dnnl_stream_wait(stream.h), "stream wait");
+  if (blocking())
+    chain.wait();
+  else
+    chain.finish();
 }
 
 [[noreturn]] void fail_vendor(const DnnlError& e, const char* during, const std::string& problem) {
@@ -984,14 +1078,19 @@ double time_built(const Built& b, const Problem& p, void* queue, const FDNN_Devi
   char* workspace = static_cast<char*>(allocate(b.workspace));
   if (workspace == nullptr && b.workspace > 0) return -1;
   using clock = std::chrono::steady_clock;
-  Stream stream;
-  check(D().dnnl_sycl_interop_stream_create(&stream.h, engine, queue), "stream creation");
+  QueueStream& qs = stream_for(engine, queue);
+  std::lock_guard<std::mutex> lock(qs.mutex);
   double best = 1e30;
   for (int r = 0; r < 4; ++r) {  // the first is a warm-up
-    std::vector<Mem> keep;
+    Chain chain(qs.stream, queue, qs.in_order);
     const auto t0 = clock::now();
-    run(b, stream.h, pointers, workspace, keep, !libraries().sycl.queue_is_in_order(queue));
-    check(D().dnnl_stream_wait(stream.h), "stream wait");
+    try {
+      run(b, chain, pointers, workspace);
+    } catch (...) {
+      chain.wait();  // the buffers are released when this returns
+      throw;
+    }
+    chain.wait();
     if (r == 0) continue;
     best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
   }
@@ -1126,30 +1225,34 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
                                                   DNNL_MEMORY_ALLOCATE),
               "packed weights allocation");
         built->packed_w = own(mem);
-        const fdnn_sycl::Sycl& s = libraries().sycl;
-        char code_location[64] = {};
-        if (!s.queue_is_in_order(args->stream)) s.queue_wait(args->stream, code_location);
-        Stream stream;
-        check(D().dnnl_sycl_interop_stream_create(&stream.h, engine, args->stream), "stream creation");
+        // Filled on the caller's queue after its earlier work; the host waits for it (once
+        // per packing), so the packed plan is ready whatever queue runs it later.
+        QueueStream& qs = stream_for(engine, args->stream);
+        std::lock_guard<std::mutex> lock(qs.mutex);
+        Chain chain(qs.stream, args->stream, qs.in_order);
         std::vector<Mem> keep;
         void* w = const_cast<void*>(args->w);
-        if (o.gathered) {  // weights with overlapping strides: their compact copy first
-          dnnl_memory_t compact = nullptr;
-          check(D().dnnl_sycl_interop_memory_create(&compact, o.user.get(), engine, dnnl_sycl_interop_usm,
-                                                    DNNL_MEMORY_ALLOCATE),
-                "gather buffer allocation");
-          keep.push_back(own(compact));
-          void* handle = nullptr;
-          check(D().dnnl_memory_get_data_handle(compact, &handle), "gather buffer");
-          gather_into(o, engine, stream.h, w, static_cast<char*>(handle), keep, true);
-          check(D().dnnl_stream_wait(stream.h), "stream wait");
-          w = handle;
+        try {
+          if (o.gathered) {  // weights with overlapping strides: their compact copy first
+            dnnl_memory_t compact = nullptr;
+            check(D().dnnl_sycl_interop_memory_create(&compact, o.user.get(), engine, dnnl_sycl_interop_usm,
+                                                      DNNL_MEMORY_ALLOCATE),
+                  "gather buffer allocation");
+            keep.push_back(own(compact));
+            void* handle = nullptr;
+            check(D().dnnl_memory_get_data_handle(compact, &handle), "gather buffer");
+            gather_into(o, engine, chain, w, static_cast<char*>(handle));
+            w = handle;
+          }
+          Mem user = usm_memory(o.user, engine, w);
+          Prim copy = make_reorder(engine, o.user, o.prim, false, 0.f);
+          dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, user.get()}, {DNNL_ARG_TO, mem}};
+          chain.exec(copy, r, 2, "weight packing");
+        } catch (...) {
+          chain.wait();
+          throw;
         }
-        Mem user = usm_memory(o.user, engine, w);
-        Prim copy = make_reorder(engine, o.user, o.prim, false, 0.f);
-        dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, user.get()}, {DNNL_ARG_TO, mem}};
-        check(D().dnnl_primitive_execute(copy.get(), stream.h, 2, r), "weight packing");
-        check(D().dnnl_stream_wait(stream.h), "stream wait");
+        chain.wait();
         o.staged = false;
         o.gathered = false;
       }

@@ -36,6 +36,15 @@ constexpr const char* kQueueGetDevice = "_ZNK4sycl3_V15queue10get_deviceEv";
 constexpr const char* kQueueGetContext = "_ZNK4sycl3_V15queue11get_contextEv";
 constexpr const char* kQueueIsInOrder = "_ZNK4sycl3_V15queue11is_in_orderEv";
 constexpr const char* kQueueWait = "_ZN4sycl3_V15queue10wait_proxyERKNS0_6detail13code_locationE";
+constexpr const char* kQueueBarrier =
+    "_ZN4sycl3_V15queue25ext_oneapi_submit_barrierERKNS0_6detail13code_locationE";
+constexpr const char* kQueueBarrierAfter =
+    "_ZN4sycl3_V15queue25ext_oneapi_submit_barrierERKSt6vectorINS0_5eventESaIS3_EERKNS0_6detail13code_"
+    "locationE";
+constexpr const char* kEventWait = "_ZN4sycl3_V15event4waitEv";
+constexpr const char* kEventStatus =
+    "_ZNK4sycl3_V15event8get_infoINS0_4info5event24command_execution_statusEEENS0_6detail18is_event_"
+    "info_descIT_E11return_typeEv";
 constexpr const char* kGetDevices = "_ZN4sycl3_V16device11get_devicesENS0_4info11device_typeE";
 constexpr const char* kDeviceGetPlatform = "_ZNK4sycl3_V16device12get_platformEv";
 constexpr const char* kPlatformDefaultContext =
@@ -113,7 +122,10 @@ void load_sycl(Libraries& l) {
   const bool ok = bind(lib, kQueueGetDevice, s.queue_get_device) &&
                   bind(lib, kQueueGetContext, s.queue_get_context) &&
                   bind(lib, kQueueIsInOrder, s.queue_is_in_order) &&
-                  bind(lib, kQueueWait, s.queue_wait) && bind(lib, kGetDevices, s.get_devices) &&
+                  bind(lib, kQueueWait, s.queue_wait) && bind(lib, kQueueBarrier, s.queue_barrier) &&
+                  bind(lib, kQueueBarrierAfter, s.queue_barrier_after) &&
+                  bind(lib, kEventWait, s.event_wait) && bind(lib, kEventStatus, s.event_status) &&
+                  bind(lib, kGetDevices, s.get_devices) &&
                   bind(lib, kDeviceGetPlatform, s.device_get_platform) &&
                   bind(lib, kPlatformDefaultContext, s.platform_default_context) &&
                   bind(lib, kDeviceIsGpu, s.device_is_gpu) &&

@@ -61,7 +61,8 @@ namespace fdnn_sycl {
   X(dnnl_primitive_desc_query_md)              \
   X(dnnl_primitive_create)                     \
   X(dnnl_primitive_destroy)                    \
-  X(dnnl_primitive_execute)
+  X(dnnl_primitive_execute)                    \
+  X(dnnl_sycl_interop_primitive_execute)
 
 struct Dnnl {
 #define FDNN_SYCL_MEMBER(name) decltype(&::name) name = nullptr;
@@ -69,7 +70,7 @@ struct Dnnl {
 #undef FDNN_SYCL_MEMBER
 };
 
-// A sycl::device or sycl::context as libsycl.so.8 lays it out: one std::shared_ptr to its
+// A sycl::device, sycl::context, sycl::queue or sycl::event as libsycl.so.8 lays it out: one std::shared_ptr to its
 // impl (16 bytes), copied and destroyed like one. `impl()` identifies the device/context.
 struct SyclObject {
   std::shared_ptr<void> impl;
@@ -83,6 +84,17 @@ struct Sycl {
   void (*queue_get_context)(SyclObject* out, const void* queue) = nullptr;
   bool (*queue_is_in_order)(const void* queue) = nullptr;
   void (*queue_wait)(void* queue, const void* code_location) = nullptr;
+  // queue::ext_oneapi_submit_barrier(): an event of a barrier after every command submitted
+  // to the queue before it (host tasks included: intel/llvm queue_impl makes a barrier depend
+  // on the queue's host tasks not yet run and on an earlier barrier still blocked by one);
+  // with a wait list, after those events.
+  void (*queue_barrier)(SyclObject* event, void* queue, const void* code_location) = nullptr;
+  void (*queue_barrier_after)(SyclObject* event, void* queue, const std::vector<SyclObject>* wait_list,
+                              const void* code_location) = nullptr;
+  void (*event_wait)(SyclObject* event) = nullptr;
+  // event::get_info<info::event::command_execution_status>(): info::event_command_status,
+  // an int enum (submitted 0, running 1, complete 2).
+  int32_t (*event_status)(const SyclObject* event) = nullptr;
   void (*get_devices)(std::vector<SyclObject>* out, uint32_t device_type) = nullptr;
   void (*device_get_platform)(SyclObject* out, const SyclObject* device) = nullptr;
   void (*platform_default_context)(SyclObject* out, const SyclObject* platform) = nullptr;

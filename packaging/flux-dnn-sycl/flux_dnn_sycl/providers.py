@@ -6,27 +6,51 @@ Their arrays live in USM memory of a SYCL queue (``a.sycl_queue``) and export DL
 (``SyclQueue.addressof_ref()``), so the convolution runs on the array's own queue, in its
 context; ``__dlpack__`` gets no stream (dpctl's ``stream=`` takes a SyclQueue to order a
 producer's work for a *different* queue; here the consumer's queue is the array's own). Outputs
-and workspaces are allocated by the library itself on the same queue and of the same USM
-kind. dpctl's queues are out of order by default: the onednn_sycl shim then waits for the
-queue's earlier work before it runs and for its own before it returns (its README), so the
-output is ready whatever the library's own ordering of later work."""
+and workspaces are allocated by the library itself on the same queue and of the same USM kind.
+
+The onednn_sycl shim returns once a call's work is queued, ordered after the queue's earlier
+work (the shim's README). On an in-order queue the queue orders the library's later work after
+it. On an out-of-order queue (dpnp's default) dpctl.tensor and dpnp order their operations by
+the events of dpctl's order manager (``dpctl.utils.SequentialOrderManager``), not by queue
+barriers: after each call the providers submit a barrier (it completes after the call's work)
+and add its event there, so the library's next operations on the queue depend on the call.
+The arrays a call reads and writes must
+then outlive the work, which dpctl's allocations do not do by themselves (freeing USM memory
+does not wait for work that uses it): a dropped temporary input, e.g. ``conv2d(dpnp.asarray(x),
+w)``, would be freed under the running convolution. So the providers keep every array of a call
+(and its workspace) referenced until a barrier submitted after the call has completed
+(:class:`_Keeper`), as dpctl's own operations keep theirs alive with host tasks: the core
+receives each array wrapped (:class:`_Held`, its DLPack methods); when the core lets go of the
+last of them, the call has returned and its work is queued."""
 
 from __future__ import annotations
+
+import collections
+import threading
+import weakref
 
 from flux_dnn.providers import Provider, Streams, channels_last_empty
 
 __all__ = ["DpctlProvider", "DpnpProvider"]
 
 
+_MODULES: dict = {}  # "dpt", "dpnp", "dpnp_array": imported once, on the first array
+
+
 def _dpt():
     """dpctl.tensor, imported without its DeprecationWarning (dpctl 0.21 deprecates it in favour
     of dpnp.tensor, not in dpnp 0.19 yet): a test run with warnings as errors would fail on it."""
+    try:
+        return _MODULES["dpt"]
+    except KeyError:
+        pass
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import dpctl.tensor
 
+    _MODULES["dpt"] = dpctl.tensor
     return dpctl.tensor
 
 
@@ -42,12 +66,167 @@ def _aligned(buf, nbytes):
     return buf[start : start + nbytes]
 
 
+class _Held:
+    """What the core receives for an array of a call: the array, through its DLPack methods,
+    and the call it belongs to (alive while the core holds any array of the call)."""
+
+    __slots__ = ("array", "call")
+
+    def __init__(self, array, call):
+        self.array = array
+        self.call = call
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.array.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+class _Call:
+    """The arrays of one call on one queue. When the core has let go of all of them (the call
+    has returned: its work is queued), a barrier is submitted on the queue and the arrays are
+    kept, with the barrier's event, until that event has completed (_Keeper.close)."""
+
+    __slots__ = ("keeper", "queue", "arrays", "used", "__weakref__")
+
+    def __init__(self, keeper, queue):
+        self.keeper, self.queue, self.arrays = keeper, queue, []
+        self.used = 0  # bytes of the queue's reused workspace buffer given to this call
+
+    def __del__(self):
+        try:
+            self.keeper.close(self.queue, self.arrays)
+        except Exception:  # at interpreter exit, or a queue in error: nothing left to order
+            pass
+
+
+class _Keeper:
+    """Per queue, the arrays of calls whose work may still run, oldest first, each batch with
+    the event of a barrier submitted after its call. A queue's barriers complete in submission
+    order, so each close releases the completed batches from the front (one status query per
+    batch released, plus one). And per queue one workspace buffer, reused by its calls."""
+
+    #: Workspaces up to this many bytes come from the queue's reused buffer (kept for the
+    #: queue's life, as an array library's pool keeps its blocks).
+    REUSED = 64 << 20
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending = {}  # queue address -> deque of (SyclEvent, arrays)
+        self._current = threading.local()  # .call: weakref to this thread's _Call being made
+        self._workspaces = {}  # queue address -> its reused workspace buffer (uint8, aligned)
+
+    def reset(self):
+        """A call begins (the provider's streams): its first export makes its record."""
+        self._current.call = None
+
+    def current(self):
+        ref = getattr(self._current, "call", None)
+        return None if ref is None else ref()
+
+    def hold(self, a):
+        """a, as the core receives it in this thread's current call (_Held)."""
+        call = self.current()
+        if call is None:
+            call = _Call(self, a.sycl_queue)
+            self._current.call = weakref.ref(call)
+        call.arrays.append(a)
+        return _Held(a, call)
+
+    def close(self, queue, arrays):
+        event = queue.submit_barrier()  # completes after the call's work (and all before it)
+        if not queue.is_in_order:
+            # dpctl.tensor's and dpnp's operations on an out-of-order queue depend on the events
+            # of dpctl's order manager, not on queue barriers (measured: a dpnp kernel submitted
+            # after the shim's trailing barrier ran before the convolution): the call's barrier
+            # joins them, so the library's next operations on the queue wait for the call.
+            _order_manager()[queue].add_event_pair(event, event)
+        complete = _complete()
+        with self._lock:
+            batches = self._pending.setdefault(queue.addressof_ref(), collections.deque())
+            while batches and batches[0][0].execution_status == complete:
+                batches.popleft()
+            batches.append((event, arrays))
+
+    def workspace(self, like, nbytes):
+        """nbytes of workspace for the current call on like's queue: the next free bytes of
+        the queue's reused buffer (the calls on one queue run one after the other there, so
+        each call carves its requests from the start: execute's workspace, and the buffers a
+        benchmarking plan borrows at once). Up to REUSED bytes a call; beyond, a buffer of its
+        own, kept with the call's arrays."""
+        queue = like.sycl_queue
+        call = self.current()
+        start = call.used if call is not None else 0
+        end = start + (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        if call is None or end > self.REUSED:
+            buf = _aligned(_usm_empty((nbytes + _ALIGN,), "u1", "device", queue), nbytes)
+            if call is not None:
+                call.arrays.append(buf)
+            return buf
+        call.used = end
+        key = queue.addressof_ref()
+        with self._lock:
+            buf = self._workspaces.get(key)
+            if buf is None or buf.shape[0] < end:
+                if buf is not None:  # earlier calls may still use it: kept with this one
+                    call.arrays.append(buf)
+                size = max(end, 1 << 16, 0 if buf is None else 2 * buf.shape[0])
+                size = min(size, self.REUSED) if end <= self.REUSED else end
+                # A fresh buffer: this call's earlier requests (in the old one) stay apart.
+                buf = _aligned(_usm_empty((size + _ALIGN,), "u1", "device", queue), size)
+                self._workspaces[key] = buf
+                start, call.used = 0, end - start
+        return buf[start : start + nbytes]
+
+
+_KEEPER = _Keeper()
+
+
+_COMPLETE = None
+_MANAGER = None
+
+
+def _order_manager():
+    """dpctl.utils.SequentialOrderManager (per thread, per queue: the events that dpctl.tensor
+    and dpnp operations depend on)."""
+    global _MANAGER
+    if _MANAGER is None:
+        from dpctl.utils import SequentialOrderManager
+
+        _MANAGER = SequentialOrderManager
+    return _MANAGER
+
+
+def _complete():
+    """dpctl.event_status_type.complete (dpctl is imported once the first array is seen)."""
+    global _COMPLETE
+    if _COMPLETE is None:
+        import dpctl
+
+        _COMPLETE = dpctl.event_status_type.complete
+    return _COMPLETE
+
+
 def _dpnp():
     """dpnp (which imports dpctl.tensor), likewise."""
+    try:
+        return _MODULES["dpnp"]
+    except KeyError:
+        pass
     _dpt()
     import dpnp
+    from dpnp.dpnp_array import dpnp_array
 
+    _MODULES["dpnp_array"] = dpnp_array
+    _MODULES["dpnp"] = dpnp
     return dpnp
+
+
+def _usm_empty(shape, dtype, usm_type, queue):
+    """An uninitialised usm_ndarray: its constructor, without dpt.empty's argument handling
+    (half the time of a tiny call's allocation)."""
+    return _dpt().usm_ndarray(shape, dtype=dtype, buffer=usm_type, buffer_ctor_kwargs={"queue": queue})
 
 
 class DpctlProvider(Provider):
@@ -73,18 +252,18 @@ class DpctlProvider(Provider):
         return _dpt()
 
     def empty(self, like, shape, channels_last):
-        dpt = _dpt()
-
-        kw = dict(dtype=like.dtype, sycl_queue=like.sycl_queue, usm_type=like.usm_type)
         if channels_last:
+            dpt = _dpt()
+            kw = dict(dtype=like.dtype, sycl_queue=like.sycl_queue, usm_type=like.usm_type)
             buf, perm = channels_last_empty(dpt.empty, shape, **kw)
             return dpt.permute_dims(buf, perm)
-        return dpt.empty(shape, **kw)
+        return _usm_empty(shape, like.dtype, like.usm_type, like.sycl_queue)
+
+    def export(self, a):
+        return _KEEPER.hold(a)
 
     def workspace(self, like, nbytes):
-        dpt = _dpt()
-
-        return _aligned(dpt.empty((nbytes + _ALIGN,), dtype=dpt.uint8, sycl_queue=like.sycl_queue), nbytes)
+        return _KEEPER.workspace(like, nbytes)
 
     def sum_over(self, a, axes):
         dpt = _dpt()
@@ -92,6 +271,9 @@ class DpctlProvider(Provider):
         return dpt.sum(a, axis=axes, dtype=a.dtype)
 
     def streams(self, like):
+        # Called first in each call on the device, then export for each array of the call,
+        # then workspace: a new record begins at the first export.
+        _KEEPER.reset()
         return Streams(like.sycl_queue.addressof_ref(), None)
 
 
@@ -108,16 +290,13 @@ class DpnpProvider(DpctlProvider):
     def empty(self, like, shape, channels_last):
         dpnp = _dpnp()
 
-        kw = dict(dtype=like.dtype, sycl_queue=like.sycl_queue, usm_type=like.usm_type)
         if channels_last:
+            kw = dict(dtype=like.dtype, sycl_queue=like.sycl_queue, usm_type=like.usm_type)
             buf, perm = channels_last_empty(dpnp.empty, shape, **kw)
             return buf.transpose(perm)
-        return dpnp.empty(shape, **kw)
-
-    def workspace(self, like, nbytes):
-        dpnp = _dpnp()
-
-        return _aligned(dpnp.empty((nbytes + _ALIGN,), dtype=dpnp.uint8, sycl_queue=like.sycl_queue), nbytes)
+        a = like.get_array()  # the usm_ndarray: its attributes are cheaper than dpnp's
+        out = _usm_empty(shape, a.dtype, a.usm_type, a.sycl_queue)
+        return _MODULES["dpnp_array"]._create_from_usm_ndarray(out)
 
     def sum_over(self, a, axes):
         dpnp = _dpnp()

@@ -7,11 +7,18 @@ pointer, so the suite's NumPy arrays can live there: each is a NumPy view of a d
 check that reads results on the host reads them in place. The shim's stream is a dpctl
 in-order queue on device 0 (``queue()``). Without dpctl or a SYCL device, ``available()`` is
 False and the suite treats a oneAPI shim as any device shim (descriptors only). The suites
-reach it through their device_memory.py, which reads that entry point (``memory()``)."""
+reach it through their device_memory.py, which reads that entry point (``memory()``).
+
+The onednn_sycl shim returns once its work is queued (the ABI's rule for device shims), and the
+suites read results on the host right after Conv_Plan_Execute, with no queue to wait on: the
+interface has no synchronisation step. So this module sets FLUX_DNN_SYCL_BLOCKING=1 (unless
+set), which makes the shim wait for its own work before returning, as CUDA_LAUNCH_BLOCKING does
+for CUDA; tests/test_onednn_sycl.py covers the asynchronous path."""
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import numpy as np
@@ -33,6 +40,7 @@ def queue():
 
 
 def available() -> bool:
+    os.environ.setdefault("FLUX_DNN_SYCL_BLOCKING", "1")  # before any execute on this memory
     return queue() is not None
 
 
