@@ -53,6 +53,8 @@ OPS = {
     "backward_weight": ABI.CONV_BACKWARD_WEIGHT,
 }
 ACTS = {name.lower(): value for name, value in ABI.group("ACTIVATION_").items()}
+# The shim's algorithms (layout policies), by id.
+LAYOUTS = ["user layouts", "vendor layouts", "vendor weights", "blocked 16c layouts"]
 
 
 @pytest.fixture(scope="module")
@@ -383,7 +385,18 @@ def test_benchmark_policy_times_on_the_callers_queue(shim, queue):
     case = Case(queue, policy=1, bias=True, seed=3)
     case.run(shim)
     case.check()
-    assert "layouts" in case.algo_name
+    assert any(f"({name})" in case.algo_name for name in LAYOUTS), case.algo_name
+
+
+@pytest.mark.parametrize("algo", range(len(LAYOUTS)))
+@pytest.mark.parametrize("op", list(OPS))
+def test_every_algorithm_id(shim, queue, op, algo):
+    """Each layout policy given by id, against float64, its name in the plan's; 16 groups
+    (C=32, K=48: the blocked policy takes both activations in nChw16c)."""
+    case = Case(queue, op=op, policy=2, algo=algo, groups=16, bias=op != "backward_data", seed=61 + algo)
+    case.run(shim)
+    case.check()
+    assert f"({LAYOUTS[algo]})" in case.algo_name, case.algo_name
 
 
 def test_packed_weights(shim, queue):

@@ -290,9 +290,21 @@ Md any_like(const Tensor& t, dnnl_data_type_t dt, int64_t groups = 1) {
 enum Layouts : int64_t {
   kUserLayouts = 0,    // compute in the caller's layouts: no reorder
   kVendorLayouts = 1,  // oneDNN's preferred layouts (format any), reorders around
+  kVendorWeights = 2,  // the caller's activation layouts, weights in oneDNN's preferred layout
+  kBlocked16 = 3,      // activations of 16k channels in nC[d]hw16c, weights oneDNN's, reorders
 };
-constexpr int64_t kNumAlgos = 2;
-const char* layouts_name(int64_t l) { return l == kUserLayouts ? "user layouts" : "vendor layouts"; }
+constexpr int64_t kNumAlgos = 4;
+const char* layouts_name(int64_t l) {
+  return l == kUserLayouts     ? "user layouts"
+         : l == kVendorWeights ? "vendor weights"
+         : l == kBlocked16     ? "blocked 16c layouts"
+                               : "vendor layouts";
+}
+
+// oneDNN's nC[d]hw16c tag for a tensor of `ndims` dims (3 to 5).
+dnnl_format_tag_t blocked16_tag(size_t ndims) {
+  return ndims == 3 ? dnnl_aBc16b : ndims == 4 ? dnnl_aBcd16b : dnnl_aBcde16b;
+}
 
 // One operand of the primitive, maybe staged through the workspace.
 struct Operand {
@@ -531,6 +543,7 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
     }
   }
   const bool vendor = algo == kVendorLayouts;
+  const bool vendor_w = algo != kUserLayouts;  // weights in oneDNN's layout
   const Md x_user = user_md(p.x, p.dt), y_user = user_md(p.y, p.dt), w_user = weights_user_md(p);
   Md bias_user, bias_prim;
   if (p.bias.present()) {
@@ -548,7 +561,12 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
   bool wide = is16 && (p.beta != 0.f || backward_scaled);
   auto md_of = [&](const Tensor& t, const Md& user, bool out, int64_t groups) {
     const dnnl_data_type_t dt = out && wide ? dnnl_f32 : p.dt;
-    if (vendor) return any_like(t, dt, groups);
+    const bool weights = &t == &p.w;
+    if (vendor || (weights && vendor_w)) return any_like(t, dt, groups);
+    // kBlocked16: an activation of 16k channels in nC[d]hw16c (the layout oneDNN 3.2's JIT
+    // kernels and jit:blk reorders take, as the CPU shim's algorithm 3), others as they are.
+    if (algo == kBlocked16 && !weights && t.shape[1] % 16 == 0)
+      return tagged_md(static_cast<int>(t.shape.size()), t.shape.data(), dt, blocked16_tag(t.shape.size()));
     if (dt == p.dt) return user;
     if (groups == 1) return user_md(t, dt);
     std::vector<int64_t> dims = t.shape, strides = t.strides;
@@ -1020,11 +1038,17 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
   fdnn_shim::check_vendor_int_range(a, INT32_MAX, "oneDNN (SYCL)");
   fdnn_shim::check_compute_type_served(a, "the onednn_sycl shim");
   if (a.algo_policy == FDNN_ALGO_GIVEN && (a.algo_id < 0 || a.algo_id >= kNumAlgos))
-    fdnn_shim::fail_unknown_algo(a, "the onednn_sycl shim", "its algorithms are 0 (user layouts) and 1 (vendor layouts)");
+    fdnn_shim::fail_unknown_algo(a, "the onednn_sycl shim", "its algorithms are 0 (user layouts), 1 (vendor layouts), 2 (vendor weights) and 3 (blocked 16c layouts)");
 }
 
+// A kernel of oneDNN's own, not its reference or gemm-based code, nor its ncsp convolution
+// wrapper (jit_uni_ncsp_convolution:conv+...: plain NC[D]HW taken by transposing to
+// channels-last and back inside the primitive; measured 2-3x the blocked path on the
+// depthwise layer of the ResNet-50 sample). Its matmul form (a 1x1 as one batched matmul on
+// NCHW, no transposes) is fast.
 bool is_fast(const std::string& impl) {
-  return impl.find("ref") == std::string::npos && impl.find("gemm") == std::string::npos;
+  return impl.find("ref") == std::string::npos && impl.find("gemm") == std::string::npos &&
+         impl.find("ncsp_convolution:conv") == std::string::npos;
 }
 
 // Times a candidate on buffers oneDNN allocates on the engine, on the caller's queue.
@@ -1120,38 +1144,74 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
         fdnn_shim::fail_algo_cannot_compute(a, "the onednn_sycl shim", "oneDNN has no implementation of its layouts here");
       }
     } else {
-      // The heuristic: the caller's layouts when oneDNN runs them in a fast kernel, else its
-      // own layouts with reorders (where those fit the workspace limit).
-      std::shared_ptr<Built> user, vendor;
-      try {
-        user = build(engine, plan->problem, kUserLayouts);
-      } catch (const DnnlError& e) {
-        if (e.status != dnnl_unimplemented) throw;
-      }
-      const bool want_vendor = !user || !is_fast(user->name) || !fits(user) ||
-                               (a.algo_policy == FDNN_ALGO_BENCHMARK && a.stream != nullptr);
-      if (want_vendor) {
+      // The heuristic, as the CPU shim's: the caller's layouts when oneDNN runs them in a fast
+      // kernel; else its activation layouts with oneDNN's weights; else, for plain NC[D]HW
+      // activations with 16k channels, nC[d]hw16c ones (oneDNN 3.9's preferred layouts on
+      // AVX-512 are channels-last, whose reorders from and to NCHW are slow: jit:uni, 2-5x
+      // the blocked jit:blk ones, measured on the ResNet-50 sample); else oneDNN's own
+      // layouts. Each where it fits the workspace limit. The benchmark policy times them all.
+      const bool benchmark = a.algo_policy == FDNN_ALGO_BENCHMARK && a.stream != nullptr;
+      std::vector<std::pair<int64_t, std::shared_ptr<Built>>> built;
+      auto attempt = [&](int64_t layouts) -> std::shared_ptr<Built> {
         try {
-          vendor = build(engine, plan->problem, kVendorLayouts);
+          auto b = build(engine, plan->problem, layouts);
+          built.emplace_back(layouts, b);
+          return b;
         } catch (const DnnlError& e) {
-          if (e.status != dnnl_unimplemented || !user) throw;
+          if (e.status != dnnl_unimplemented) throw;
+          return nullptr;
+        }
+      };
+      auto good = [&](const std::shared_ptr<Built>& b) { return b && fits(b) && is_fast(b->name); };
+      const Problem& pr = plan->problem;
+      auto plain = [](const Tensor& t) { return t.strides == compact_strides(t.shape); };
+      const bool blockable = plain(pr.x) && plain(pr.y) && (pr.x.shape[1] % 16 == 0 || pr.y.shape[1] % 16 == 0);
+      for (int64_t layouts : {kUserLayouts, kVendorWeights, kBlocked16, kVendorLayouts}) {
+        if (layouts == kBlocked16 && !blockable) continue;
+        const auto b = attempt(layouts);
+        if (!benchmark && good(b)) {
+          chosen = b;
+          break;
         }
       }
-      if (vendor && !fits(vendor)) vendor.reset();
-      if (a.algo_policy == FDNN_ALGO_BENCHMARK && a.stream != nullptr && user && vendor && fits(user) &&
-          fdnn_shim::benchmark_fits(a, std::max(user->workspace, vendor->workspace))) {
-        const auto* allocator = reinterpret_cast<const FDNN_Device_Allocator*>(fdnn_shim::find_extension(
-            a.extension_start, FDNN_EXTENSION_DEVICE_ALLOCATOR, FDNN_Device_Allocator_STRUCT_SIZE, "Conv_Plan_Create"));
-        const double tu = time_built(*user, plan->problem, a.stream, allocator);
-        const double tv = tu < 0 ? -1 : time_built(*vendor, plan->problem, a.stream, allocator);
-        chosen = tu < 0 || tv < 0 ? (is_fast(user->name) ? user : vendor) : tv < tu ? vendor : user;
-      } else if (user && fits(user) && (is_fast(user->name) || !vendor)) {
-        chosen = user;
-      } else {
-        chosen = vendor ? vendor : user;
+      if (!chosen) {
+        std::vector<std::pair<int64_t, std::shared_ptr<Built>>> candidates;
+        for (auto& c : built)
+          if (fits(c.second)) candidates.push_back(c);
+        size_t most = 0;
+        for (auto& c : candidates) most = std::max(most, c.second->workspace);
+        if (benchmark && candidates.size() > 1 && fdnn_shim::benchmark_fits(a, most)) {
+          const auto* allocator = reinterpret_cast<const FDNN_Device_Allocator*>(fdnn_shim::find_extension(
+              a.extension_start, FDNN_EXTENSION_DEVICE_ALLOCATOR, FDNN_Device_Allocator_STRUCT_SIZE, "Conv_Plan_Create"));
+          double best = -1;
+          for (auto& c : candidates) {
+            const double t = time_built(*c.second, pr, a.stream, allocator);
+            if (t < 0) {  // the allocator refused: the heuristic's choice below
+              best = -1;
+              chosen.reset();
+              break;
+            }
+            if (best < 0 || t < best) {
+              best = t;
+              chosen = c.second;
+            }
+          }
+        }
+        if (!chosen)  // the first fast candidate, else oneDNN's own layouts, else any
+          for (auto& c : candidates)
+            if (is_fast(c.second->name)) {
+              chosen = c.second;
+              break;
+            }
+        if (!chosen)
+          for (auto& c : candidates)
+            if (c.first == kVendorLayouts) chosen = c.second;
+        if (!chosen && !candidates.empty()) chosen = candidates.front().second;
+        if (!chosen && !built.empty()) chosen = built.front().second;  // refused below: the limit
       }
       if (!chosen) throw DnnlError{dnnl_unimplemented, "convolution descriptor creation"};
-      algo = chosen == user ? kUserLayouts : kVendorLayouts;
+      for (auto& c : built)
+        if (c.second == chosen) algo = c.first;
     }
     if (chosen->workspace > a.workspace_limit)
       fail(FDNN_ERROR_UNSUPPORTED,
