@@ -7,11 +7,16 @@ host tasks on dpnp arrays (USM memory, work on the arrays' own queue). The ratio
 SYCL ms says what the SYCL path costs on top (issue 28's target: >= 0.8 on the ResNet-50
 layer set). Both go through flux_dnn.conv2d, output allocated per call in each array
 library, and the SYCL calls wait on the queue before the clock stops (a call returns once its
-work is queued). Calls are interleaved (flux_dnn._bench.interleaved); every number is a
-median. The first call of each layer is checked: both against a float64 NumPy reference.
+work is queued). dpnp's arrays are on its default queue, which is out of order (the script
+prints the kind). Calls are interleaved (flux_dnn._bench.interleaved); every number is a
+median; --repeat R runs the whole set R times and reports, per row, the median of the runs'
+medians (with each run's load average in the JSON). The first call of each layer is checked:
+both against a float64 NumPy reference.
 
-The tiny row times the per-call overhead of x 1x4x8x8, w 4x4x3x3, pad 1: µs per call of
-each shim (the SYCL one including its queue wait), medians.
+The tiny rows time the per-call overhead of x 1x4x8x8, w 4x4x3x3, pad 1: µs per call of each
+shim, the SYCL one with its queue wait (one call's latency: submission, the SYCL runtime's
+host task, the wait) and pipelined (100 calls, then one wait, per call: what a caller that
+does not wait pays on the host, while the runtime runs the work beside it).
 
 Both shims share the machine's cores in one process: the native shim's OpenMP team and the
 SYCL CPU runtime's TBB workers. OpenMP's default is to spin after each parallel region, which
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import statistics
 import sys
 
 # Before libgomp loads (with the oneDNN shim): see the docstring.
@@ -123,8 +129,26 @@ def time_tiny(budget: float) -> dict:
         flux_dnn.conv2d(xd, wd, padding=1)
         queue.wait()
 
+    def pipelined():  # 100 calls, one wait
+        for _ in range(100):
+            flux_dnn.conv2d(xd, wd, padding=1)
+        queue.wait()
+
     t = interleaved({"native": lambda: flux_dnn.conv2d(x, w, padding=1), "sycl": sycl}, budget, 200, 20000, warmup=20)
-    return dict(native_us=t["native"] * 1e3, sycl_us=t["sycl"] * 1e3, reps=t["_reps"])
+    p = interleaved({"pipelined": pipelined}, budget / 2, 5, 200, warmup=2)
+    return dict(
+        native_us=t["native"] * 1e3, sycl_us=t["sycl"] * 1e3, sycl_pipelined_us=p["pipelined"] * 10, reps=t["_reps"]
+    )
+
+
+def median_row(rows) -> dict:
+    """One layer's row over the runs: the median of each time, the ratio of the medians."""
+    out = dict(rows[0])
+    for k in ("native_ms", "sycl_ms", "err_native", "err_sycl"):
+        out[k] = statistics.median(r[k] for r in rows)
+    out["ratio"] = out["native_ms"] / out["sycl_ms"]
+    out["ratios_per_run"] = [r["ratio"] for r in rows]
+    return out
 
 
 def markdown(rows: list, tiny: dict | None) -> str:
@@ -141,6 +165,7 @@ def markdown(rows: list, tiny: dict | None) -> str:
             "|---|---:|",
             f"| native oneDNN shim, NumPy | {tiny['native_us']:.1f} |",
             f"| onednn_sycl shim, dpnp (with queue wait) | {tiny['sycl_us']:.1f} |",
+            f"| onednn_sycl shim, dpnp (pipelined: 100 calls, one wait) | {tiny['sycl_pipelined_us']:.1f} |",
         ]
     return "\n".join(lines)
 
@@ -152,6 +177,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing per layer (default 2)")
     ap.add_argument("--min-reps", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of the whole set; rows are medians of runs")
     ap.add_argument("--no-tiny", action="store_true", help="skip the per-call overhead row")
     ap.add_argument("--markdown", action="store_true", help="print a markdown table at the end")
     ap.add_argument("--json", default=None, help="write raw results to this file")
@@ -162,22 +188,37 @@ def main() -> None:
     if "onednn_sycl" not in versions or "onednn" not in versions:
         sys.exit(f"bench_sycl: needs both the onednn and onednn_sycl shims usable; have {versions}")
     print(f"CPU: {cpu_text()}; load {load_text()}; OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+    in_order = dpnp.asarray(np.zeros(1, np.float32)).sycl_queue.is_in_order
     print(f"SYCL device: {device.name} ({device.backend}, {device.device_type}); shims: {versions}")
+    print(f"dpnp's default queue: {'in order' if in_order else 'out of order'}")
     wanted = [s for s in args.layers.split(",") if s]
     layers = [L for L in RESNET50_SAMPLE if not wanted or any(s in L.name for s in wanted)]
-    rows = []
-    for batch in (int(b) for b in args.batch.split(",")):
-        for layer in layers:
-            row = time_layer(layer, batch, DTYPES[args.dtype], args.budget, args.min_reps)
-            rows.append(row)
+    runs, tinies, loads = [], [], []
+    for run in range(args.repeat):
+        loads.append(load_text())
+        rows = []
+        for batch in (int(b) for b in args.batch.split(",")):
+            for layer in layers:
+                row = time_layer(layer, batch, DTYPES[args.dtype], args.budget, args.min_reps)
+                rows.append(row)
+                print(
+                    f"{layer.name:28s} N={batch:<3d} native {row['native_ms']:8.2f} ms  sycl {row['sycl_ms']:8.2f} ms"
+                    f"  native/sycl {row['ratio']:.2f}",
+                    flush=True,
+                )
+        runs.append(rows)
+        tiny = None if args.no_tiny else time_tiny(min(args.budget, 2.0))
+        if tiny:
+            tinies.append(tiny)
             print(
-                f"{layer.name:28s} N={batch:<3d} native {row['native_ms']:8.2f} ms  sycl {row['sycl_ms']:8.2f} ms"
-                f"  native/sycl {row['ratio']:.2f}",
+                f"tiny: native {tiny['native_us']:.1f} µs, sycl {tiny['sycl_us']:.1f} µs per call "
+                f"(pipelined {tiny['sycl_pipelined_us']:.1f} µs)",
                 flush=True,
             )
-    tiny = None if args.no_tiny else time_tiny(min(args.budget, 2.0))
-    if tiny:
-        print(f"tiny: native {tiny['native_us']:.1f} µs, sycl {tiny['sycl_us']:.1f} µs per call")
+        loads[-1] += f" -> {load_text()}"
+        print(f"run {run + 1}/{args.repeat}: load {loads[-1]}", flush=True)
+    rows = [median_row(r) for r in zip(*runs)]
+    tiny = {k: statistics.median(t[k] for t in tinies) for k in tinies[0]} if tinies else None
     print(f"geomean native/sycl: {geomean([r['ratio'] for r in rows]):.2f}")
     if args.markdown:
         print(markdown(rows, tiny))
@@ -187,6 +228,9 @@ def main() -> None:
             date=datetime.date.today().isoformat(),
             cpu=cpu_info(),
             load=load_text(),
+            loads_per_run=loads,
+            queue_in_order=bool(dpnp.asarray(np.zeros(1, np.float32)).sycl_queue.is_in_order),
+            runs=runs,
             omp_wait_policy=os.environ["OMP_WAIT_POLICY"],
             device=device.name,
             shims=versions,
