@@ -643,6 +643,39 @@ def test_chain_of_flux_dnn_calls_without_host_wait(shim):
     assert r.returncode == 0 and "chain ok" in r.stdout, r.stdout + r.stderr
 
 
+_MANY_QUEUES = textwrap.dedent(
+    """
+    import sys, numpy as np
+    sys.path[:0] = {paths!r}
+    import dpctl, dpnp, flux_dnn, reference as ref
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 4, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    want = ref.conv_forward(x.astype(np.float64), w, None, (1, 1), (1, 1), (1, 1))
+    outs = []
+    for i in range(300):  # more queues than the shim keeps streams for (256)
+        q = dpctl.SyclQueue(dpctl.select_default_device(), **({{"property": "in_order"}} if i % 2 else {{}}))
+        outs.append(flux_dnn.conv2d(dpnp.asarray(x, sycl_queue=q), dpnp.asarray(w, sycl_queue=q), padding=1))
+    err = max(float(np.abs(dpnp.asnumpy(y) - want).max()) for y in outs)
+    print("many queues", err)
+    assert err < 1e-4, err
+    """
+)
+
+
+def test_more_queues_than_kept_streams(shim):
+    """The shim keeps a oneDNN stream per queue for 256 queues; a call on a queue beyond them
+    gets a stream of its own and waits for its work before destroying it: 300 queues, in
+    order and out of order, each result right. In a fresh interpreter (the stream cache is
+    the process's)."""
+    if flux_dnn_sycl is None:
+        pytest.skip("flux_dnn_sycl is not installed")
+    here = pathlib.Path(__file__).resolve().parent
+    code = _MANY_QUEUES.format(paths=[str(here), str(here / "abi")])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here, timeout=300)
+    assert r.returncode == 0 and "many queues" in r.stdout, r.stdout + r.stderr
+
+
 def test_blocking_switch_waits(shim, monkeypatch):
     """FLUX_DNN_SYCL_BLOCKING=1: the result is there when Conv_Plan_Execute returns, read on
     the host from USM shared memory with no queue wait (what the ABI suite relies on)."""

@@ -735,24 +735,37 @@ struct QueueStream {
 // The stream of (engine, queue), made on first use. Keyed by the queue's impl (a sycl::queue
 // is one std::shared_ptr to it, sycl_lib.hpp), which the stream's own copy of the queue keeps
 // alive, so a key is never reused by another queue. Never freed: at most kMostStreams queues
-// (an array library uses one or a few per device); beyond that, calls get a stream of their
-// own that lives until the process ends too (leaked on purpose: work may be in flight).
+// (an array library uses one or a few per device); beyond that, a call gets a stream of its
+// own (`temporary`), which it must wait for before that stream is destroyed with the handle.
 constexpr size_t kMostStreams = 256;
 
-QueueStream& stream_for(dnnl_engine_t engine, void* queue) {
+struct StreamHandle {
+  QueueStream* stream = nullptr;
+  std::unique_ptr<QueueStream> temporary;  // beyond kMostStreams: the caller waits
+  QueueStream* operator->() const { return stream; }
+};
+
+StreamHandle stream_for(dnnl_engine_t engine, void* queue) {
   static std::mutex mutex;
   static auto* cache = new std::map<std::pair<dnnl_engine_t, const void*>, QueueStream*>;
   const void* id = static_cast<const fdnn_sycl::SyclObject*>(queue)->id();
   std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_pair(engine, id);
+  StreamHandle h;
   auto it = cache->find(key);
-  if (it != cache->end()) return *it->second;
+  if (it != cache->end()) {
+    h.stream = it->second;
+    return h;
+  }
   auto s = std::make_unique<QueueStream>();
   check(D().dnnl_sycl_interop_stream_create(&s->stream, engine, queue), "stream creation");
   s->in_order = libraries().sycl.queue_is_in_order(queue);
-  QueueStream* out = s.release();
-  if (cache->size() < kMostStreams) cache->emplace(key, out);
-  return *out;
+  h.stream = s.get();
+  if (cache->size() < kMostStreams)
+    cache->emplace(key, s.release());
+  else
+    h.temporary = std::move(s);
+  return h;
 }
 
 // The primitives of one call on one stream, in submission order (see above).
@@ -915,16 +928,17 @@ bool blocking() {
 // Executes on the caller's queue after its earlier work (see Execution above) and returns
 // once the work is queued.
 void execute_on_queue(const Built& b, void* queue, void* const pointers[4], char* workspace) {
-  QueueStream& qs = stream_for(b.engine, queue);
-  std::lock_guard<std::mutex> lock(qs.mutex);
-  Chain chain(qs.stream, queue, qs.in_order);
+  const StreamHandle qs = stream_for(b.engine, queue);
+  std::lock_guard<std::mutex> lock(qs->mutex);
+  Chain chain(qs->stream, queue, qs->in_order);
   try {
     run(b, chain, pointers, workspace);
   } catch (...) {
     chain.finish();  // what was submitted stays ordered before the queue's later work
+    if (qs.temporary) chain.wait();  // its stream is destroyed on return
     throw;
   }
-  if (blocking())
+  if (blocking() || qs.temporary)
     chain.wait();
   else
     chain.finish();
@@ -1102,11 +1116,11 @@ double time_built(const Built& b, const Problem& p, void* queue, const FDNN_Devi
   char* workspace = static_cast<char*>(allocate(b.workspace));
   if (workspace == nullptr && b.workspace > 0) return -1;
   using clock = std::chrono::steady_clock;
-  QueueStream& qs = stream_for(engine, queue);
-  std::lock_guard<std::mutex> lock(qs.mutex);
+  const StreamHandle qs = stream_for(engine, queue);
+  std::lock_guard<std::mutex> lock(qs->mutex);
   double best = 1e30;
   for (int r = 0; r < 4; ++r) {  // the first is a warm-up
-    Chain chain(qs.stream, queue, qs.in_order);
+    Chain chain(qs->stream, queue, qs->in_order);
     const auto t0 = clock::now();
     try {
       run(b, chain, pointers, workspace);
@@ -1287,9 +1301,9 @@ FDNN_Error* plan_pack_weights(FDNN_Conv_Plan_Pack_Weights_Args* args) {
         built->packed_w = own(mem);
         // Filled on the caller's queue after its earlier work; the host waits for it (once
         // per packing), so the packed plan is ready whatever queue runs it later.
-        QueueStream& qs = stream_for(engine, args->stream);
-        std::lock_guard<std::mutex> lock(qs.mutex);
-        Chain chain(qs.stream, args->stream, qs.in_order);
+        const StreamHandle qs = stream_for(engine, args->stream);
+        std::lock_guard<std::mutex> lock(qs->mutex);
+        Chain chain(qs->stream, args->stream, qs->in_order);
         std::vector<Mem> keep;
         void* w = const_cast<void*>(args->w);
         try {
