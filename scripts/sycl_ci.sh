@@ -27,6 +27,11 @@ step() { echo "== sycl_ci: $* ($((SECONDS - start)) s)"; }
 step "environment"
 VENV="$(bash scripts/sycl_env.sh | tail -n 1)"
 PY="$VENV/bin/python"
+# This run installs its core and plug-in into the cached venv (and swaps the two oneDNN wheels
+# for the install-order step): hold the venv's lock to the end, so that a second run on the
+# machine waits instead of installing other builds under this one's tests.
+exec 8>"$VENV.lock"
+flock 8
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
