@@ -339,6 +339,7 @@ struct Built {
   Mem alpha;  // one float32 alpha in the engine's memory, for scaled output reorders
   Mem packed_w;  // Conv_Plan_Pack_Weights: weights in the primitive's layout, plan-owned
   std::string name;
+  bool fast = false;  // is_fast(name), or a kernel the shim picked on purpose (conv_pd)
 };
 
 dnnl_alg_kind_t eltwise_of(int32_t act) {
@@ -393,14 +394,38 @@ Pd forward_pd(dnnl_engine_t engine, const Problem& p, const Md& x, const Md& w, 
   return own(pd);
 }
 
+bool is_fast(const std::string& impl);
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
 // The primitive descriptor of the op with memory descriptors x, w, y (user or any).
+// `picked` (if given) is set when the shim passed over oneDNN's first implementation.
 Pd conv_pd(dnnl_engine_t engine, const Problem& p, const Md& x, const Md& w, const Md& y,
-           const Md& bias, bool output_staged) {
+           const Md& bias, bool output_staged, bool* picked = nullptr) {
   Attr attr;
   base_attr(p, attr);
+  if (picked) *picked = false;
   if (p.op == FDNN_CONV_FORWARD) {
     forward_post_ops(p, output_staged, attr);
-    return forward_pd(engine, p, x, w, bias, y, attr, dnnl_forward_inference);
+    Pd pd = forward_pd(engine, p, x, w, bias, y, attr, dnnl_forward_inference);
+    // A float32 NCHW convolution that oneDNN 3.9 describes as a matmul (a 1x1, stride 1, no
+    // padding: jit_uni_ncsp_convolution:matmul, brgemm matmul per image) runs in its GEMM
+    // kernel instead (gemm:jit, the one oneDNN 3.2 and so the CPU shim choose). Measured on
+    // the SYCL CPU device (2 loaded CPUs), both in one process, interleaved, medians per call
+    // with the queue wait: 1x1 256->64 @56, N=8 3.99 ms against 5.98 into a given output,
+    // 7.5-7.9 against 8.4-10.8 with dpnp allocating it; N=1 1.14-1.24 against 1.28-1.40; on
+    // ResNet-50's other 1x1 layers (64->64, 64->256 @56, 1024->256 @14, 512->2048 and
+    // 2048->512 @7, N=1 and 8) within +-3% or better. Where oneDNN lists no gemm:jit for the
+    // problem (post-ops it cannot fuse, ...) its first choice stays.
+    if (p.dt == dnnl_f32 && contains(impl_name(pd), "ncsp_convolution:matmul")) {
+      Pd alt = forward_pd(engine, p, x, w, bias, y, attr, dnnl_forward_inference);
+      while (D().dnnl_primitive_desc_next_impl(alt.get()) == dnnl_success) {
+        if (!contains(impl_name(alt), "gemm:jit")) continue;
+        if (picked) *picked = true;
+        return alt;
+      }
+    }
+    return pd;
   }
   Attr hint_attr;
   base_attr(p, hint_attr);
@@ -577,6 +602,7 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
   };
   Md x, y, w, bias_for_pd;
   Pd pd;
+  bool picked = false;
   for (;;) {
     x = md_of(p.x, x_user, p.op == FDNN_CONV_BACKWARD_DATA, 1);
     y = md_of(p.y, y_user, p.op == FDNN_CONV_FORWARD, 1);
@@ -586,7 +612,7 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
                       ? tagged_md(1, p.bias.shape.data(), dnnl_f32, dnnl_a)
                       : bias_prim;
     try {
-      pd = conv_pd(engine, p, x, w, y, bias_for_pd, backward_scaled || wide);
+      pd = conv_pd(engine, p, x, w, y, bias_for_pd, backward_scaled || wide, &picked);
       break;
     } catch (const DnnlError& e) {
       if (!wide || e.status != dnnl_unimplemented) throw;
@@ -602,10 +628,11 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
   bool forward_staged = p.op == FDNN_CONV_FORWARD && wide;
   if (p.op == FDNN_CONV_FORWARD && p.beta != 0.f && !wide && !md_equal(query_md(pd, out_query), out_user)) {
     forward_staged = true;
-    pd = conv_pd(engine, p, x, w, y, bias_for_pd, true);
+    pd = conv_pd(engine, p, x, w, y, bias_for_pd, true, &picked);
   }
   b->conv = make_primitive(pd);
   b->name = impl_name(pd);
+  b->fast = picked || is_fast(b->name);
   size_t scratch = 0;
   {
     const Md s = query_md(pd, dnnl_query_scratchpad_md);
@@ -1059,7 +1086,7 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
 // wrapper (jit_uni_ncsp_convolution:conv+...: plain NC[D]HW taken by transposing to
 // channels-last and back inside the primitive; measured 2-3x the blocked path on the
 // depthwise layer of the ResNet-50 sample). Its matmul form (a 1x1 as one batched matmul on
-// NCHW, no transposes) is fast.
+// NCHW, no transposes) is fast; in float32 conv_pd takes gemm:jit instead where it can.
 bool is_fast(const std::string& impl) {
   return impl.find("ref") == std::string::npos && impl.find("gemm") == std::string::npos &&
          impl.find("ncsp_convolution:conv") == std::string::npos;
@@ -1176,7 +1203,7 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
           return nullptr;
         }
       };
-      auto good = [&](const std::shared_ptr<Built>& b) { return b && fits(b) && is_fast(b->name); };
+      auto good = [&](const std::shared_ptr<Built>& b) { return b && fits(b) && b->fast; };
       const Problem& pr = plan->problem;
       auto plain = [](const Tensor& t) { return t.strides == compact_strides(t.shape); };
       const bool blockable = plain(pr.x) && plain(pr.y) && (pr.x.shape[1] % 16 == 0 || pr.y.shape[1] % 16 == 0);
@@ -1213,7 +1240,7 @@ void create_plan(FDNN_Conv_Plan_Create_Args* args) {
         }
         if (!chosen)  // the first fast candidate, else oneDNN's own layouts, else any
           for (auto& c : candidates)
-            if (is_fast(c.second->name)) {
+            if (c.second->fast) {
               chosen = c.second;
               break;
             }
