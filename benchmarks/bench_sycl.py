@@ -13,6 +13,12 @@ median; --repeat R runs the whole set R times and reports, per row, the median o
 medians (with each run's load average in the JSON). The first call of each layer is checked:
 both against a float64 NumPy reference.
 
+--out also times both shims writing into outputs made once (out=), in the same interleave:
+the shims' own cost without the array libraries' allocation. dpnp has no caching allocator,
+so each dpnp output is fresh USM memory whose pages fault on first write, while NumPy's
+freed memory is reused by malloc (measured: the stem's N=1 output alone costs ~1.2 ms to
+allocate and fill, about the native shim's whole call).
+
 The tiny rows time the per-call overhead of x 1x4x8x8, w 4x4x3x3, pad 1: µs per call of each
 shim, the SYCL one with its queue wait (one call's latency: submission, the SYCL runtime's
 host task, the wait) and pipelined (100 calls, then one wait, per call: what a caller that
@@ -86,7 +92,7 @@ def check(name: str, got: np.ndarray, ref: np.ndarray) -> float:
     return err
 
 
-def time_layer(layer, batch: int, dtype, budget: float, min_reps: int) -> dict:
+def time_layer(layer, batch: int, dtype, budget: float, min_reps: int, given_out: bool = False) -> dict:
     rng = np.random.default_rng()
     x = rng.standard_normal((batch, layer.C, layer.H, layer.H)).astype(dtype)
     w = rng.standard_normal((layer.K, layer.C // layer.groups, layer.R, layer.R)).astype(dtype)
@@ -105,8 +111,17 @@ def time_layer(layer, batch: int, dtype, budget: float, min_reps: int) -> dict:
     ref = reference(x, w, layer.stride, layer.pad, layer.groups)
     err_native = check(f"{layer.name} native", native(), ref)
     err_sycl = check(f"{layer.name} sycl", dpnp.asnumpy(sycl()), ref)
-    t = interleaved({"native": native, "sycl": sycl}, budget, min_reps, 1000)
-    return dict(
+    fns = {"native": native, "sycl": sycl}
+    if given_out:  # the same calls into outputs made once (out=): the shims without allocation
+        y, yd = np.empty(ref.shape, dtype), dpnp.empty(ref.shape, dtype=dtype, sycl_queue=queue)
+        fns["native out"] = lambda: flux_dnn.conv2d(x, w, **kw, out=y)
+        fns["sycl out"] = lambda: (flux_dnn.conv2d(xd, wd, **kw, out=yd), queue.wait())
+    t = interleaved(fns, budget, min_reps, 1000)
+    given = {}
+    if given_out:
+        native_out, sycl_out = t["native out"], t["sycl out"]
+        given = dict(native_out_ms=native_out, sycl_out_ms=sycl_out, ratio_out=native_out / sycl_out)
+    return given | dict(
         layer=layer.name,
         batch=batch,
         native_ms=t["native"],
@@ -144,20 +159,36 @@ def time_tiny(budget: float) -> dict:
 def median_row(rows) -> dict:
     """One layer's row over the runs: the median of each time, the ratio of the medians."""
     out = dict(rows[0])
-    for k in ("native_ms", "sycl_ms", "err_native", "err_sycl"):
-        out[k] = statistics.median(r[k] for r in rows)
+    for k in ("native_ms", "sycl_ms", "err_native", "err_sycl", "native_out_ms", "sycl_out_ms"):
+        if k in out:
+            out[k] = statistics.median(r[k] for r in rows)
     out["ratio"] = out["native_ms"] / out["sycl_ms"]
+    if "native_out_ms" in out:
+        out["ratio_out"] = out["native_out_ms"] / out["sycl_out_ms"]
     out["ratios_per_run"] = [r["ratio"] for r in rows]
     return out
 
 
 def markdown(rows: list, tiny: dict | None) -> str:
-    lines = ["| layer | N | native ms | SYCL ms | native / SYCL |", "|---|---:|---:|---:|---:|"]
+    given = bool(rows) and "ratio_out" in rows[0]
+    head = "| layer | N | native ms | SYCL ms | native / SYCL |"
+    rule = "|---|---:|---:|---:|---:|"
+    if given:
+        head += " out= given: native ms | SYCL ms | native / SYCL |"
+        rule += "---:|---:|---:|"
+    lines = [head, rule]
     for r in rows:
-        lines.append(f"| {r['layer']} | {r['batch']} | {r['native_ms']:.2f} | {r['sycl_ms']:.2f} | {r['ratio']:.2f} |")
+        line = f"| {r['layer']} | {r['batch']} | {r['native_ms']:.2f} | {r['sycl_ms']:.2f} | {r['ratio']:.2f} |"
+        if given:
+            line += f" {r['native_out_ms']:.2f} | {r['sycl_out_ms']:.2f} | {r['ratio_out']:.2f} |"
+        lines.append(line)
     if rows:
         ratios = [r["ratio"] for r in rows]
-        lines.append(f"| **geomean** (min {min(ratios):.2f}) | | | | **{geomean(ratios):.2f}** |")
+        line = f"| **geomean** (min {min(ratios):.2f}) | | | | **{geomean(ratios):.2f}** |"
+        if given:
+            outs = [r["ratio_out"] for r in rows]
+            line += f" | | **{geomean(outs):.2f}** (min {min(outs):.2f}) |"
+        lines.append(line)
     if tiny:
         lines += [
             "",
@@ -178,6 +209,11 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing per layer (default 2)")
     ap.add_argument("--min-reps", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=1, help="runs of the whole set; rows are medians of runs")
+    ap.add_argument(
+        "--out",
+        action="store_true",
+        help="also time both shims into outputs made once (out=), interleaved with the allocating calls",
+    )
     ap.add_argument("--no-tiny", action="store_true", help="skip the per-call overhead row")
     ap.add_argument("--markdown", action="store_true", help="print a markdown table at the end")
     ap.add_argument("--json", default=None, help="write raw results to this file")
@@ -199,11 +235,11 @@ def main() -> None:
         rows = []
         for batch in (int(b) for b in args.batch.split(",")):
             for layer in layers:
-                row = time_layer(layer, batch, DTYPES[args.dtype], args.budget, args.min_reps)
+                row = time_layer(layer, batch, DTYPES[args.dtype], args.budget, args.min_reps, args.out)
                 rows.append(row)
                 print(
                     f"{layer.name:28s} N={batch:<3d} native {row['native_ms']:8.2f} ms  sycl {row['sycl_ms']:8.2f} ms"
-                    f"  native/sycl {row['ratio']:.2f}",
+                    f"  native/sycl {row['ratio']:.2f}" + (f"  out= given: {row['ratio_out']:.2f}" if args.out else ""),
                     flush=True,
                 )
         runs.append(rows)
@@ -220,6 +256,8 @@ def main() -> None:
     rows = [median_row(r) for r in zip(*runs)]
     tiny = {k: statistics.median(t[k] for t in tinies) for k in tinies[0]} if tinies else None
     print(f"geomean native/sycl: {geomean([r['ratio'] for r in rows]):.2f}")
+    if args.out:
+        print(f"geomean native/sycl, out= given: {geomean([r['ratio_out'] for r in rows]):.2f}")
     if args.markdown:
         print(markdown(rows, tiny))
     write_json(
