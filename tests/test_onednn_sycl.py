@@ -595,7 +595,8 @@ _CHAIN = textwrap.dedent(
     os.environ.pop("FLUX_DNN_SYCL_BLOCKING", None)
     import dpctl, dpnp, flux_dnn, reference as ref
     for kind in ("in_order", "out_of_order"):
-        q = dpctl.SyclQueue(dpctl.select_default_device(), **({{"property": "in_order"}} if kind == "in_order" else {{}}))
+        props = {{"property": "in_order"}} if kind == "in_order" else {{}}
+        q = dpctl.SyclQueue(dpctl.select_default_device(), **props)
         assert q.is_in_order == (kind == "in_order")
         rng = np.random.default_rng(41)
         x = rng.standard_normal((2, 8, 48, 48)).astype(np.float32)
