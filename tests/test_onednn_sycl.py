@@ -196,9 +196,11 @@ class Case:
         finally:
             shim.destroy(plan)
 
-    def execute(self, shim, plan, size, queue=None, w=True):
-        q = queue or self.queue
-        ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=q) if size else None
+    def execute_args(self, plan, size, queue, w=True, stream=True):
+        """Conv_Plan_Execute's args for this case's arrays, a fresh device workspace of `size`
+        bytes (returned too: it must outlive the call) and `queue` as the stream (None with
+        stream=False)."""
+        ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=queue) if size else None
         args = F.new(
             F.ConvPlanExecuteArgs,
             plan=plan,
@@ -208,8 +210,13 @@ class Case:
             bias=self.pointer("bias"),
             workspace=ws._pointer if ws else None,
             workspace_size=size,
-            stream=q.addressof_ref(),
+            stream=queue.addressof_ref() if stream else None,
         )
+        return args, ws
+
+    def execute(self, shim, plan, size, queue=None, w=True):
+        q = queue or self.queue
+        args, ws = self.execute_args(plan, size, q, w=w)
         err = shim.call("Conv_Plan_Execute", args)
         assert err is None, err
         q.wait()
@@ -438,19 +445,7 @@ def test_out_of_order_queue(shim, op):
         )
         err = shim.call("Conv_Plan_Create", case.args)
         assert err is None, err
-        size = case.args.workspace_size
-        ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=q)
-        args = F.new(
-            F.ConvPlanExecuteArgs,
-            plan=case.args.plan,
-            x=case.pointer("x"),
-            w=case.pointer("w"),
-            y=case.pointer("y"),
-            bias=case.pointer("bias"),
-            workspace=ws._pointer,
-            workspace_size=size,
-            stream=q.addressof_ref(),
-        )
+        args, ws = case.execute_args(case.args.plan, case.args.workspace_size, q)
         assert shim.call("Conv_Plan_Execute", args) is None
         shim.destroy(case.args.plan)  # with its work in flight: oneDNN holds the primitives
         from dpctl.utils import SequentialOrderManager
@@ -471,18 +466,7 @@ def test_workspace_from_the_caller_is_used(shim, queue):
 def test_stream_null_at_execute_is_refused(shim, queue):
     case = Case(queue, seed=1)
     assert shim.call("Conv_Plan_Create", case.args) is None
-    size = case.args.workspace_size
-    ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=queue)
-    args = F.new(
-        F.ConvPlanExecuteArgs,
-        plan=case.args.plan,
-        x=case.pointer("x"),
-        w=case.pointer("w"),
-        y=case.pointer("y"),
-        workspace=ws._pointer,
-        workspace_size=size,
-        stream=None,
-    )
+    args, ws = case.execute_args(case.args.plan, case.args.workspace_size, queue, stream=False)
     err = shim.call("Conv_Plan_Execute", args)
     shim.destroy(case.args.plan)
     assert err is not None and err[0] == "INVALID_ARGUMENT" and "queue" in err[1], err
@@ -694,18 +678,7 @@ def test_blocking_switch_waits(shim, monkeypatch):
         if name in shared:
             d.data = shared[name].usm_data._pointer
     assert shim.call("Conv_Plan_Create", case.args) is None
-    size = case.args.workspace_size
-    ws = dpctl.memory.MemoryUSMDevice(max(size, 64), queue=q)
-    args = F.new(
-        F.ConvPlanExecuteArgs,
-        plan=case.args.plan,
-        x=case.pointer("x"),
-        w=case.pointer("w"),
-        y=case.pointer("y"),
-        workspace=ws._pointer,
-        workspace_size=size,
-        stream=q.addressof_ref(),
-    )
+    args, ws = case.execute_args(case.args.plan, case.args.workspace_size, q)
     try:
         assert shim.call("Conv_Plan_Execute", args) is None
         y = np.frombuffer(shared["y"].usm_data, dtype=np.float32).reshape(shared["y"].shape).astype(np.float64)

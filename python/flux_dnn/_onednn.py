@@ -28,10 +28,8 @@ def _preload_onednn() -> None:
     library linking oneDNN statically could otherwise meet them. The registry runs this
     preload before any non-CPU shim loads, so this is the first libdnnl.so.3 in the process."""
     try:
-        if find_wheel_file(_WHEEL, _LIBDNNL_VERSIONED) is not None:
-            load_wheel_library(_WHEEL, _LIBDNNL_VERSIONED, os.RTLD_LOCAL)
-        else:
-            load_wheel_library(_WHEEL, _LIBDNNL, os.RTLD_LOCAL, fallback=_LIBDNNL)
+        versioned = find_wheel_file(_WHEEL, _LIBDNNL_VERSIONED) is not None
+        load_wheel_library(_WHEEL, _LIBDNNL_VERSIONED if versioned else _LIBDNNL, os.RTLD_LOCAL, fallback=_LIBDNNL)
     except OSError as exc:
         raise OSError(f"oneDNN ({_LIBDNNL}) not found: the {_WHEEL}==2023.2.0 wheel is not installed ({exc})") from None
 
