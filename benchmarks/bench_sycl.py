@@ -14,10 +14,12 @@ medians (with each run's load average in the JSON). The first call of each layer
 both against a float64 NumPy reference.
 
 --out also times both shims writing into outputs made once (out=), in the same interleave:
-the shims' own cost without the array libraries' allocation. dpnp has no caching allocator,
-so each dpnp output is fresh USM memory whose pages fault on first write, while NumPy's
-freed memory is reused by malloc (measured: the stem's N=1 output alone costs ~1.2 ms to
-allocate and fill, about the native shim's whole call).
+the shims' own cost without the array libraries' allocation. dpnp has no caching allocator:
+a fresh USM allocation's pages fault on first write, every call (measured: the stem's N=1
+output alone costs ~1.2 ms to allocate and fill, about the native shim's whole call), while
+NumPy's freed memory is reused by malloc. flux_dnn's dpnp provider therefore reuses dropped
+outputs' memory (flux_dnn_sycl's output pool); FLUX_DNN_SYCL_OUTPUT_POOL_BYTES=0 turns that
+off, to time what dpnp's own allocation costs.
 
 The tiny rows time the per-call overhead of x 1x4x8x8, w 4x4x3x3, pad 1: µs per call of each
 shim, the SYCL one with its queue wait (one call's latency: submission, the SYCL runtime's

@@ -37,12 +37,22 @@ VERIFICATION = (
     "USM arrays; Intel GPUs (Level Zero) unverified: scripts/xpu_check.sh"
 )
 
-__all__ = ["LIBRARY", "VERIFICATION", "preload", "shim_spec"]
+__all__ = ["LIBRARY", "VERIFICATION", "preload", "release_output_pool", "shim_spec"]
 
 
 def preload() -> None:
     """Loads oneDNN (SYCL) and its runtime libraries by path (see _runtime.preload)."""
     _runtime.preload()
+
+
+def release_output_pool() -> int:
+    """Frees the USM memory that dpnp and dpctl outputs of flux_dnn keep for reuse (the blocks
+    no array uses now; ``FLUX_DNN_SYCL_OUTPUT_POOL_BYTES`` bounds it) and returns how many
+    bytes. As ``torch.cuda.empty_cache()``: for giving memory back to other users of the
+    device, never needed for correctness."""
+    from .providers import release_output_pool as release
+
+    return release()
 
 
 def shim_spec():
