@@ -88,6 +88,13 @@ class ArrayLibrary:
     def is_array(self, a) -> bool:
         raise NotImplementedError
 
+    def reshape(self, a, shape: tuple):
+        """a with a new shape: a view where a's strides allow it, else a copy. The suite calls
+        this instead of ``a.reshape(shape)`` because not every array type has that method
+        (dpctl's usm_ndarray has only the array API's function ``xp.reshape(a, shape)``);
+        such a library overrides this."""
+        return a.reshape(shape)
+
     def dtype_name(self, a) -> str:
         return str(a.dtype).replace("torch.", "")
 

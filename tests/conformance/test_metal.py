@@ -49,7 +49,7 @@ def _geometry(C=6, K=8, size=7, kernel=3, pad=1):
 def _at_offset(lib, values, dtype, offset=3):
     """values as a view `offset` elements into a larger array (storage_offset != 0)."""
     flat = lib.array(np.concatenate([np.zeros(offset), np.asarray(values, np.float64).ravel()]), dtype)
-    return flat[offset:].reshape(values.shape)
+    return lib.reshape(flat[offset:], values.shape)
 
 
 def _close(lib, got, expected, dtype, what):
