@@ -58,7 +58,7 @@ _PRELUDE = textwrap.dedent(
     q = dpnp.empty(1).sycl_queue  # dpnp's default queue: out of order
     rng = np.random.default_rng()
 
-    def problem(n=2, c=8, k=8, size=24):
+    def problem(n=2, c=8, k=8, size=40):  # outputs of 100 KiB: pooled (64 KiB and more)
         x = rng.standard_normal((n, c, size, size)).astype(np.float32)
         w = rng.standard_normal((k, c, 3, 3)).astype(np.float32) / 8
         want = ref.conv_forward(x.astype(np.float64), w.astype(np.float64), None, (1, 1), (1, 1), (1, 1))
@@ -208,7 +208,7 @@ def test_pool_off_and_bounded():
     while alive."""
     body = """
         x, w, want = problem()
-        nbytes = 2 * 8 * 24 * 24 * 4
+        nbytes = 2 * 8 * 40 * 40 * 4
         outs = []
         for i in range(4):
             x, w, want = problem()
@@ -223,9 +223,23 @@ def test_pool_off_and_bounded():
         """
     out = run_script(body, FLUX_DNN_SYCL_OUTPUT_POOL_BYTES="0")
     assert "released 0 of" in out, out
-    nbytes = 2 * 8 * 24 * 24 * 4
+    nbytes = 2 * 8 * 40 * 40 * 4
     out = run_script(body, FLUX_DNN_SYCL_OUTPUT_POOL_BYTES=str(nbytes))
     assert f"released {nbytes} of" in out, out  # the first output's block only
+
+
+def test_small_outputs_are_not_pooled():
+    """Outputs under 64 KiB are allocated by dpctl as before: nothing is kept for them."""
+    run_script(
+        """
+        for i in range(3):
+            x, w, want = problem(size=16)  # 8 KiB outputs
+            check(flux_dnn.conv2d(x, w, padding=1), want, i)
+        q.wait()
+        assert flux_dnn_sycl.release_output_pool() == 0
+        print("script ok")
+        """
+    )
 
 
 def test_bad_pool_size_is_refused_with_its_name():

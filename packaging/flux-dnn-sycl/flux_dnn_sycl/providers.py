@@ -239,45 +239,68 @@ def _dpnp():
     return dpnp
 
 
+class _Lease:
+    """One pooled block, as the arrays made on it see it: an object exposing the block's
+    ``__sycl_usm_array_interface__`` and holding dpctl's memory object that owns it.
+
+    An output's memory object is made from the lease (``MemoryUSMDevice(lease)``: dpctl's
+    memory "from another object", which references it), never the owner itself. That matters
+    for when the block is free. dpctl's operations keep their arguments' memory alive until
+    their work has run (dpctl4pybind11.hpp, ``keep_args_alive``): memory that dpctl allocated
+    itself through a C++ shared_ptr, invisible to Python (measured: an array dropped while a
+    ``dpt.sin`` on it was queued, its memory object's count fell at once), memory made from
+    another object by holding the array's Python object (the lease's count stayed up until the
+    work had run). So a lease that only the pool references is used by no array, view, DLPack
+    export, dpctl or dpnp operation, and no call of the providers (_Keeper)."""
+
+    __slots__ = ("owner", "__sycl_usm_array_interface__")
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.__sycl_usm_array_interface__ = owner.__sycl_usm_array_interface__
+
+
 class _OutputPool:
     """Outputs' USM memory, reused. A new USM allocation on the OpenCL CPU device is fresh
-    pages that fault on first touch, on every call (measured: a (1, 64, 112, 112) float32
-    output, 784 minor faults and 1.6 ms to allocate and fill against 0.7 ms in reused memory;
-    NumPy's reused heap faults none), so the providers keep each output's memory object and
-    give it to a later output of the same size, queue and USM kind.
+    pages (the runtime maps them for each allocation and unmaps them when it is freed) that
+    fault on first touch, every call (measured: a (1, 64, 112, 112) float32 output, 784 minor
+    faults and 1.6 ms to allocate and fill against 0.7 ms in reused memory; NumPy's reused
+    heap faults none). So the providers keep outputs' blocks and give one to a later output of
+    the same size, queue and USM kind once nothing uses it (_Lease says how that is known).
 
-    A block is free when nothing but the pool references its memory object: every array, view
-    or DLPack export of it holds a reference, and dpctl's and dpnp's operations keep their
-    arguments referenced until their work has completed (dpctl.utils.keep_args_alive: a host
-    task that releases them), as the providers keep a call's arrays (_Keeper). That is the
-    moment dpctl would free the memory itself (its memory objects free on release, without
-    waiting for work), so a reused block is as safe as a freed and reallocated one.
+    Outputs under ``MIN_BYTES`` are allocated as before: a few pages fault in less time than
+    the pool's bookkeeping takes. Blocks are kept up to ``FLUX_DNN_SYCL_OUTPUT_POOL_BYTES``
+    bytes in all, in use or idle (default 1 GiB; 0 turns the pool off), idle ones of the
+    least recently used sizes dropped first to make room; an output that still does not fit
+    is allocated outside the pool. :func:`flux_dnn_sycl.release_output_pool` frees idle
+    blocks."""
 
-    Idle blocks are kept up to ``FLUX_DNN_SYCL_OUTPUT_POOL_BYTES`` bytes in all (default
-    1 GiB; 0 turns the pool off), the least recently used dropped first; blocks in use count
-    too, and an output that would pass the limit is allocated outside the pool.
-    :func:`flux_dnn_sycl.release_output_pool` frees the idle blocks."""
+    MIN_BYTES = 1 << 16
 
     def __init__(self, limit):
         self.limit = limit
         self._lock = threading.Lock()
-        self._blocks = collections.OrderedDict()  # (queue, usm_type, nbytes) -> [memory]
+        self._blocks = collections.OrderedDict()  # (queue, usm_type, nbytes) -> [_Lease]
         self._bytes = 0
-        self._idle_refs = None  # sys.getrefcount of a block only the pool holds, in _take
+        self._idle_refs = None  # sys.getrefcount of a lease only the pool holds, in _take
+
+    def pooled(self, nbytes):
+        return self.MIN_BYTES <= nbytes <= self.limit
 
     def memory(self, nbytes, usm_type, queue):
-        """A USM memory object of nbytes on queue, of usm_type: a free pooled one, else new."""
+        """A dpctl memory object of nbytes on queue, of usm_type, on a free pooled block or
+        a new one."""
+        kind = _usm_memory(usm_type)
         key = (queue, usm_type, nbytes)
         with self._lock:
-            mem = self._take(key)
-            if mem is not None:
-                return mem
-        mem = _usm_memory(usm_type)(nbytes, queue=queue)
-        with self._lock:
-            if self._make_room(nbytes):
-                self._blocks.setdefault(key, []).append(mem)
-                self._bytes += nbytes
-        return mem
+            lease = self._take(key)  # this reference marks it taken for other threads
+        if lease is None:
+            lease = _Lease(kind(nbytes, queue=queue))
+            with self._lock:
+                if self._make_room(nbytes):
+                    self._blocks.setdefault(key, []).append(lease)
+                    self._bytes += nbytes
+        return kind(lease)
 
     def _take(self, key):
         blocks = self._blocks.get(key)
@@ -285,13 +308,13 @@ class _OutputPool:
             return None
         self._blocks.move_to_end(key)
         idle = self._idle()
-        for mem in blocks:
-            if sys.getrefcount(mem) <= idle:
-                return mem  # the caller's reference marks it taken for other threads
+        for lease in blocks:
+            if sys.getrefcount(lease) <= idle:
+                return lease
         return None
 
     def _idle(self):
-        """The reference count getrefcount reports, in _take's loop, for a block that only
+        """The reference count getrefcount reports, in _take's loop, for a lease that only
         the pool holds (measured once: interpreters count a loop's references differently)."""
         if self._idle_refs is None:
             probe = [object()]
@@ -306,11 +329,11 @@ class _OutputPool:
         idle = self._idle()
         for key in list(self._blocks):
             kept = []
-            for mem in self._blocks[key]:
-                if self._bytes + nbytes > self.limit and sys.getrefcount(mem) <= idle:
+            for lease in self._blocks[key]:
+                if self._bytes + nbytes > self.limit and sys.getrefcount(lease) <= idle:
                     self._bytes -= key[2]
                 else:
-                    kept.append(mem)
+                    kept.append(lease)
             if kept:
                 self._blocks[key] = kept
             else:
@@ -367,7 +390,7 @@ def _pooled_empty(shape, dtype, usm_type, queue):
     """An uninitialised usm_ndarray in pooled memory (_OutputPool)."""
     dpt = _dpt()
     nbytes = math.prod(shape) * dpt.dtype(dtype).itemsize
-    if nbytes == 0 or nbytes > _POOL.limit:
+    if not _POOL.pooled(nbytes):
         return _usm_empty(shape, dtype, usm_type, queue)
     return dpt.usm_ndarray(shape, dtype=dtype, buffer=_POOL.memory(nbytes, usm_type, queue))
 
