@@ -96,7 +96,7 @@ suite() {
 }
 suite test_onednn_sycl "$PYV" -m pytest -q -p no:cacheprovider tests/test_onednn_sycl.py
 suite abi_suite "$PYV" -m pytest -q -p no:cacheprovider tests/abi -k onednn_sycl
-suite conformance_dpnp "$PYV" -m pytest -q -p no:cacheprovider tests/conformance -m accelerator -k dpnp
+suite conformance "$PYV" -m pytest -q -p no:cacheprovider tests/conformance -m accelerator -k "dpnp or dpctl"
 suite abi_fuzz "$PYV" tests/abi_fuzz/fuzz.py --shim onednn_sycl --seed 1 --seed 2 --seed 3 --cases 2000
 
 {

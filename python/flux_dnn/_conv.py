@@ -593,7 +593,8 @@ def transpose(nd: int, x, w, bias, stride, padding, out_padding, groups, dilatio
     if moved is not None:
         _remember(key, pattern._replace(prepared=moved))
     if bias is not None:  # the ABI's backward-data has no bias epilogue: the library adds it
-        y += bias.reshape((1, -1) + (1,) * nd) * options.alpha
+        # (by indexing, not .reshape: dpctl's usm_ndarray has no such method)
+        y += bias[(None, slice(None)) + (None,) * nd] * options.alpha
     return y
 
 
