@@ -56,8 +56,9 @@ block = text.split("shim onednn_sycl", 1)[-1].split("\nshim ", 1)[0]
 assert "shim onednn_sycl" in text and ": usable" in block.splitlines()[0], "onednn_sycl is not usable:\n" + block
 EOF
 
-step "tests/test_onednn_sycl.py, ABI suite, conformance suite"
+step "tests/test_onednn_sycl.py, the output pool, ABI suite, conformance suite"
 "$PY" -m pytest -q -p no:cacheprovider tests/test_onednn_sycl.py
+"$PY" -m pytest -q -p no:cacheprovider tests/test_sycl_output_pool.py
 "$PY" -m pytest -q -p no:cacheprovider tests/abi -k onednn_sycl
 "$PY" -m pytest -q -p no:cacheprovider tests/conformance -m accelerator -k "dpnp or dpctl"
 

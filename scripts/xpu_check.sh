@@ -95,6 +95,7 @@ suite() {
   [ $rc = 0 ] || FAILED=1
 }
 suite test_onednn_sycl "$PYV" -m pytest -q -p no:cacheprovider tests/test_onednn_sycl.py
+suite output_pool "$PYV" -m pytest -q -p no:cacheprovider tests/test_sycl_output_pool.py
 suite abi_suite "$PYV" -m pytest -q -p no:cacheprovider tests/abi -k onednn_sycl
 suite conformance "$PYV" -m pytest -q -p no:cacheprovider tests/conformance -m accelerator -k "dpnp or dpctl"
 suite abi_fuzz "$PYV" tests/abi_fuzz/fuzz.py --shim onednn_sycl --seed 1 --seed 2 --seed 3 --cases 2000
