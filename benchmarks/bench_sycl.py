@@ -228,6 +228,7 @@ def main() -> None:
     print(f"CPU: {cpu_text()}; load {load_text()}; OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     in_order = dpnp.asarray(np.zeros(1, np.float32)).sycl_queue.is_in_order
     print(f"SYCL device: {device.name} ({device.backend}, {device.device_type}); shims: {versions}")
+    print(f"dpnp outputs' memory pool: FLUX_DNN_SYCL_OUTPUT_POOL_BYTES={_pool_setting()}")
     print(f"dpnp's default queue: {'in order' if in_order else 'out of order'}")
     wanted = [s for s in args.layers.split(",") if s]
     layers = [L for L in RESNET50_SAMPLE if not wanted or any(s in L.name for s in wanted)]
@@ -272,6 +273,7 @@ def main() -> None:
             queue_in_order=bool(dpnp.asarray(np.zeros(1, np.float32)).sycl_queue.is_in_order),
             runs=runs,
             omp_wait_policy=os.environ["OMP_WAIT_POLICY"],
+            output_pool_bytes=_pool_setting(),
             device=device.name,
             shims=versions,
             dtype=args.dtype,
@@ -279,6 +281,10 @@ def main() -> None:
             tiny=tiny,
         ),
     )
+
+
+def _pool_setting():
+    return os.environ.get("FLUX_DNN_SYCL_OUTPUT_POOL_BYTES") or "default (1 GiB)"
 
 
 if __name__ == "__main__":
