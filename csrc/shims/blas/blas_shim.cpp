@@ -281,6 +281,7 @@ struct Plan {
   bool dx_gemm = false;   // backward-data GEMM writes dx itself (pointwise)
   bool y_direct = false;  // y is the GEMM output (forward) / dy the GEMM input (backward)
   bool w_direct = false;  // w is the weight operand / dw the GEMM output
+  bool w_runs = false;    // each k's weights are one contiguous run in the lowering's order
   int64_t ldx = 0, ldy = 0, ldw = 0;
   int64_t chunk = 1;  // rows: output positions of the batch; cols: of one image
   size_t off_w = 0, off_col = 0, off_y = 0, off_acc = 0, off_bias = 0, workspace = 0;
@@ -474,9 +475,10 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
   p.ldx = ldx;
   p.ldy = ldy;
   if (l == kCols)
-    p.w_direct = native && compact(wsh, p.ws, {1, 2, 3, 4}, 1);
+    p.w_runs = compact(wsh, p.ws, {1, 2, 3, 4}, 1);
   else
-    p.w_direct = native && compact(wsh, p.ws, {2, 3, 4, 1}, 1);
+    p.w_runs = compact(wsh, p.ws, {2, 3, 4, 1}, 1);
+  p.w_direct = native && p.w_runs;
   p.ldw = p.K == 1 ? p.R : p.ws[0];
   if (p.ldw < p.R || p.ldw > INT_MAX) p.w_direct = false;
   if (!p.w_direct) p.ldw = p.R;
@@ -656,6 +658,11 @@ struct Exec {
 
   void pack_weights(const S* src, T* dst) const {
     const int nt = threads_for(p.K * p.R);
+    if (p.w_runs) {  // the packed row k is the source's row k: converted as one run (F16C)
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+      for (int64_t k = 0; k < p.K; ++k) widen_run(src + k * p.ws[0], dst + k * p.R, p.R);
+      return;
+    }
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < p.K; ++k)
       for (int64_t c = 0; c < p.Cg; ++c)
