@@ -217,3 +217,38 @@ def test_depthwise_split_across_threads(blas, rng, op, dtype, lay):
 
 def test_grouped_strided_split_across_threads(blas, rng):
     case(blas, rng, FORWARD, "float64", N=2, C=64, K=128, size=30, k=3, stride=2, groups=2, bias=True, beta=-1.5)
+
+
+@pytest.mark.parametrize(
+    "size,channels,lay",
+    [(7, 8, "dense"), (13, 8, "dense"), (14, 8, "dense"), (28, 8, "strided"), (261, 2, "dense")],
+)
+def test_float16_depthwise_is_its_float32_rounded(blas, rng, size, channels, lay):
+    """float16 depthwise (NC[D]HW) runs the float32 kernel on the widened input, so its bits are
+    those of the shim's own float32 result on the same values, rounded to float16 by NumPy
+    (to nearest even). Widths 7, 13 and 14 leave 1-7 elements after the 8-wide F16C blocks
+    (the padded tails of widen and narrow); 'strided' is a channel that is not one run; 261 x
+    261 is over the 65536 elements a channel is widened at once in (row spans instead)."""
+    shape_x, shape_w = (2, channels, size, size), (channels, 1, 3, 3)
+    x16 = rng.standard_normal(shape_x).astype(np.float16)
+    w16 = (rng.standard_normal(shape_w) / 3).astype(np.float16)
+    outs = {}
+    for dtype in ("float16", "float32"):
+        x = layout(x16.astype(dtype), lay)
+        w = np.ascontiguousarray(w16.astype(dtype))
+        y = np.full((2, channels, size, size), np.nan, dtype=dtype)
+        error, args = run(
+            blas, FORWARD, x, w, y, None, dtype, stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1),
+            groups=channels, alpha=1.0, beta=0.0, limit=None, policy=ABI.ALGO_HEURISTIC, algo_id=0,
+        )  # fmt: skip
+        assert error is None, error
+        assert "depthwise" in args.name, args.name
+        outs[dtype] = y
+    want = reference(FORWARD, values(x16, "float16"), values(w16, "float16"), outs["float32"], None,
+                     dict(stride=1, pad=1, groups=channels), 1.0)  # fmt: skip
+    check_close(outs["float16"], want, "float16", "float16 depthwise")
+    rounded = outs["float32"].astype(np.float16)
+    differ = outs["float16"].view(np.uint16) != rounded.view(np.uint16)
+    assert not differ.any(), (
+        f"{int(differ.sum())} elements differ from float32 rounded, first at {np.argwhere(differ)[0]}"
+    )
