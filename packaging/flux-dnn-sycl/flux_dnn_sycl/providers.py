@@ -40,7 +40,7 @@ from flux_dnn.providers import Provider, Streams, channels_last_empty
 __all__ = ["DpctlProvider", "DpnpProvider", "release_output_pool"]
 
 
-_MODULES: dict = {}  # "dpt", "dpnp", "dpnp_array": imported once, on the first array
+_MODULES: dict = {}  # "dpt", "dpnp", "dpnp_array", "usm_memory": imported once, on first use
 
 
 def _dpt():
@@ -376,13 +376,16 @@ def release_output_pool() -> int:
 
 
 def _usm_memory(usm_type):
-    import dpctl.memory
+    """dpctl's memory class of a USM kind (the mapping made once, on the first output)."""
+    kinds = _MODULES.get("usm_memory")
+    if kinds is None:
+        import dpctl.memory
 
-    kinds = {
-        "device": dpctl.memory.MemoryUSMDevice,
-        "shared": dpctl.memory.MemoryUSMShared,
-        "host": dpctl.memory.MemoryUSMHost,
-    }
+        kinds = _MODULES["usm_memory"] = {
+            "device": dpctl.memory.MemoryUSMDevice,
+            "shared": dpctl.memory.MemoryUSMShared,
+            "host": dpctl.memory.MemoryUSMHost,
+        }
     return kinds[usm_type]
 
 
