@@ -591,6 +591,163 @@ def test_direct_depthwise_ranks(shim, rng, op, nd, lay, dtype):
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Winograd F(2x2, 3x3) (algorithm 5)
+
+WINOGRAD_GEOMETRIES = {
+    "same": geometry(2, k=3, lo=(1, 1), hi=(1, 1)),
+    "valid": geometry(2, k=3),
+    "asym": geometry(2, k=3, lo=(0, 2), hi=(2, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lay", ["dense", "cl", "strided"])
+@pytest.mark.parametrize("geo", sorted(WINOGRAD_GEOMETRIES))
+@pytest.mark.parametrize("size", [(7, 9), (8, 20), (3, 4)], ids=["odd", "wide", "small"])
+def test_winograd(shim, rng, dtype, lay, geo, size):
+    """Both flavours (NC[D]HW vectors along tile rows of 8 tiles or more; channels-last, and
+    narrow images in any layout, vectors along channels), outputs of odd sizes (the last tile
+    half outside), padding on either side, groups, bias, alpha and beta."""
+    args = conv_case(
+        shim,
+        rng,
+        FORWARD,
+        dtype,
+        2,
+        N=2,
+        C=6,
+        K=4,
+        groups=2,
+        size=size,
+        g=WINOGRAD_GEOMETRIES[geo],
+        x_layout=lay,
+        y_layout=lay,
+        w_layout=lay,
+        bias=True,
+        alpha=0.75,
+        beta=-0.5 if geo == "asym" else 0.0,
+        policy=ABI.ALGO_GIVEN,
+        algo_id=5,
+    )
+    assert args.chosen_algo_id == 5 and "Winograd" in args.name, args.name
+
+
+@pytest.mark.parametrize("act", ["relu", "clip", "gelu_erf", "silu"])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+def test_winograd_epilogue(shim, rng, act, lay):
+    """The header's epilogue alpha * act(conv + bias) + beta * y_old on Winograd's output tiles."""
+    args = conv_case(
+        shim,
+        rng,
+        FORWARD,
+        "float32",
+        2,
+        N=3,
+        C=16,
+        K=24,
+        groups=1,
+        size=(18, 17),
+        g=WINOGRAD_GEOMETRIES["same"],
+        x_layout=lay,
+        y_layout=lay,
+        bias=True,
+        act=act,
+        act_a=-0.25,
+        act_b=0.5,
+        alpha=1.5,
+        beta=0.5,
+        policy=ABI.ALGO_GIVEN,
+        algo_id=5,
+    )
+    assert args.chosen_algo_id == 5
+
+
+def test_winograd_heuristic(shim, rng):
+    """The heuristic takes Winograd where it measured faster than im2col (blas_shim.cpp,
+    winograd_pays), and only there."""
+    same = WINOGRAD_GEOMETRIES["same"]
+
+    def chosen(**kw):
+        base = dict(N=2, C=16, K=16, groups=1, size=16, g=same)
+        return conv_case(shim, rng, FORWARD, "float32", 2, **{**base, **kw}).chosen_algo_id
+
+    assert chosen() == 5  # NC[D]HW, 16 channels a side, 2 x 8 x 8 tiles
+    assert chosen(C=64, K=64, x_layout="cl", y_layout="cl") == 5
+    assert chosen(x_layout="cl", y_layout="cl") != 5  # channels-last under 64 channels
+    assert chosen(N=1, size=8) != 5  # 16 tiles: transforming the weights outweighs the GEMMs
+    assert chosen(C=8) != 5  # too few channels
+    assert chosen(g=geometry(2, k=3, stride=(2, 2), lo=(1, 1), hi=(1, 1))) != 5
+    assert chosen(g=geometry(2, k=3, dilation=(2, 2), lo=(2, 2), hi=(2, 2))) != 5
+
+
+def test_winograd_packed_and_chunked(shim, rng):
+    """Packed weights hold the transformed weights; a workspace limit splits the tiles into
+    chunks (here one tile each)."""
+    x = rng.standard_normal((2, 16, 9, 11))
+    w = rng.standard_normal((16, 16, 3, 3))
+    expected = ref.conv_forward(x, w, lo=(1, 1), hi=(1, 1))
+    y = np.full((2, 16, 9, 11), np.nan)
+    geo = dict(stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1), groups=1)
+    args = plan_args(FORWARD, x, w, y, None, "float64", policy=ABI.ALGO_GIVEN, algo_id=5, **geo)
+    assert shim.call("Conv_Plan_Create", args) is None
+    pack = F.new(F.ConvPlanPackWeightsArgs, plan=args.plan, w=w.ctypes.data)
+    assert shim.call("Conv_Plan_Pack_Weights", pack) is None
+    destroy(shim, args.plan)
+    w_seen = w.copy()
+    w[...] = np.nan  # the packed plan reads its own transformed copy
+    assert execute(shim, pack.packed_plan, pack.workspace_size, x, None, y, None) is None
+    destroy(shim, pack.packed_plan)
+    check_close(y, ref.conv_forward(x, w_seen, lo=(1, 1), hi=(1, 1)), "float64", "packed")
+    # U (16 x 16 x 16 doubles) + one tile of V and M (16 x 16 each): 3 x 32 KiB, 64-aligned
+    limit = 3 * 16 * 16 * 16 * 8
+    y[...] = np.nan
+    error, args = run(
+        shim, FORWARD, x, w_seen, y, None, "float64", policy=ABI.ALGO_GIVEN, algo_id=5, limit=limit, **geo
+    )
+    assert error is None, error
+    assert args.workspace_size <= limit and "Winograd" in args.name
+    check_close(y, expected, "float64", "one tile per chunk")
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["stride", "dilation", "kernel", "backward_data", "rank1"],
+)
+def test_winograd_refuses_what_it_cannot_compute(shim, change):
+    """Algorithm 5 given for a problem it does not compute: UNSUPPORTED, naming it, before any
+    work."""
+    nd = 1 if change == "rank1" else 2
+    k = 5 if change == "kernel" else 3
+    stride = (2,) * nd if change == "stride" else (1,) * nd
+    dilation = (2,) * nd if change == "dilation" else (1,) * nd
+    op = BACKWARD_DATA if change == "backward_data" else FORWARD
+    size = (12,) * nd
+    osp = tuple(ref.out_size(12, k, stride[i], dilation[i], 1, 1) for i in range(nd))
+    x = np.full((1, 4, *size), 3.0, np.float32)
+    w = np.ones((4, 4, *(k,) * nd), np.float32)
+    y = np.full((1, 4, *osp), 7.0, np.float32)
+    lo = (1,) * nd
+    error, _ = run(
+        shim,
+        op,
+        x,
+        w,
+        y,
+        None,
+        "float32",
+        stride=stride,
+        dilation=dilation,
+        lo=lo,
+        hi=lo,
+        groups=1,
+        policy=ABI.ALGO_GIVEN,
+        algo_id=5,
+    )
+    assert error is not None and error[0] == "UNSUPPORTED" and "Winograd" in error[1], error
+    assert (y == 7.0).all() and (x == 3.0).all()
+
+
 @pytest.mark.parametrize("act", sorted(ACTIVATIONS))
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("lay", ["dense", "cl"])
@@ -753,9 +910,9 @@ def test_packed_weights(shim, rng):
 
 def test_benchmark_policy(shim, rng):
     args = conv_case(shim, rng, FORWARD, "float32", 2, size=6, policy=ABI.ALGO_BENCHMARK)
-    assert args.chosen_algo_id in (1, 2, 3)
+    assert args.chosen_algo_id in (1, 2, 3, 5)
     args = conv_case(shim, rng, FORWARD, "float32", 2, C=4, K=4, groups=4, size=6, policy=ABI.ALGO_BENCHMARK)
-    assert args.chosen_algo_id in (1, 2, 3, 4)
+    assert args.chosen_algo_id in (1, 2, 3, 4, 5)
 
 
 # ---------------------------------------------------------------------------------------------

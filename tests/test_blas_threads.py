@@ -215,6 +215,15 @@ def test_depthwise_split_across_threads(blas, rng, op, dtype, lay):
     assert "depthwise" in name
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+def test_winograd_split_across_threads(blas, rng, dtype, lay):
+    """Algorithm 5: transforms parallel over channels or tiles, its 16 GEMMs' panels over the
+    team; N=3 x 12 x 12 tiles in chunks of at least 256."""
+    name = case(blas, rng, FORWARD, dtype, N=3, C=64, K=80, size=23, k=3, lay=lay, algo_id=5, bias=True, beta=0.75)
+    assert "Winograd" in name, name
+
+
 def test_grouped_strided_split_across_threads(blas, rng):
     case(blas, rng, FORWARD, "float64", N=2, C=64, K=128, size=30, k=3, stride=2, groups=2, bias=True, beta=-1.5)
 
