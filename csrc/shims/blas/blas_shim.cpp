@@ -1088,6 +1088,11 @@ struct Exec {
   }
 
   // --- direct depthwise (C/groups == 1): input channel of output channel k is k / Kg -------
+  // Forward's register-blocked case: 2-D, 3x3, stride 1, dilation 1.
+  bool dw_3x3_unit() const {
+    return p.in[0] == 1 && p.ks[0] == 1 && p.ks[1] == 3 && p.ks[2] == 3 && p.st[1] == 1 && p.st[2] == 1 &&
+           p.dil[1] == 1 && p.dil[2] == 1;
+  }
   static constexpr int64_t kBlk = 256;  // elements of one vector block (on the stack)
   static constexpr int64_t kMaxKw = 32;  // kernel widths whose ranges are precomputed
 
