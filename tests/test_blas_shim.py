@@ -508,6 +508,7 @@ DW_GEOMETRIES = {
     "s2": geometry(2, k=3, stride=(2, 2), lo=(1, 1), hi=(1, 0)),
     "dil2_asym": geometry(2, k=(3, 2), dilation=(2, 2), lo=(2, 0), hi=(1, 2)),
     "s1": geometry(2, k=3, lo=(1, 1), hi=(1, 1)),
+    "s1_asym": geometry(2, k=3, lo=(2, 0), hi=(0, 1)),  # the register-blocked 3x3 forward
 }
 
 

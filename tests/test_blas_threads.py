@@ -224,6 +224,15 @@ def test_winograd_split_across_threads(blas, rng, dtype, lay):
     assert "Winograd" in name, name
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+def test_depthwise_3x3_in_registers_across_threads(blas, rng, dtype, lay):
+    """The register-blocked depthwise forward (3x3, stride 1; NC[D]HW every dtype,
+    channels-last float32 and float64): padding, bias and beta, 1 and N threads."""
+    name = case(blas, rng, FORWARD, dtype, N=3, C=48, K=48, size=19, k=3, groups=48, lay=lay, bias=True, beta=0.5)
+    assert "depthwise" in name, name
+
+
 def test_grouped_strided_split_across_threads(blas, rng):
     case(blas, rng, FORWARD, "float64", N=2, C=64, K=128, size=30, k=3, stride=2, groups=2, bias=True, beta=-1.5)
 
