@@ -424,8 +424,9 @@ def test_packed_weights(shim, queue):
 @pytest.mark.parametrize("op", list(OPS))
 def test_out_of_order_queue(shim, op):
     """dpctl's default queues are out of order: the shim orders its work after the queue's
-    earlier work (a barrier) and its own primitives one after the other (oneDNN does not on
-    such a queue: staging reorders, the convolution, the output reorder, chained by events),
+    earlier work (a barrier) and its own primitives after each other (oneDNN does not on such
+    a queue: staging reorders, then the convolution after all of them, then the output
+    reorder, ordered by events),
     and the read is ordered after the call by a barrier's event in dpctl's order manager, as
     the providers do (no host wait). Vendor layouts and alpha/beta: several primitives."""
     q = dpctl.SyclQueue(dpctl.select_default_device())
@@ -453,6 +454,59 @@ def test_out_of_order_queue(shim, op):
         done = q.submit_barrier()
         SequentialOrderManager[q].add_event_pair(done, done)
         case.check()  # no q.wait() before reading
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_out_of_order_input_branches_ordered(shim, no_blocking, op):
+    """On an out-of-order queue the shim submits each input's staging (its gathers, then its
+    reorder) as a branch after the leading barrier and the convolution after every branch.
+    Each call here reads inputs that dpctl kernels wrote just before it (no host wait), into an
+    output and a workspace poisoned with NaN just before it, and is read once after a barrier in
+    dpctl's order manager: a branch not ordered after those kernels reads stale or NaN inputs,
+    a convolution not ordered after every branch reads NaN staging buffers. Vendor layouts
+    stage x, w and y; on forward the bias is a broadcast (stride 0: gathered, then staged).
+    On the OpenCL CPU device two deliberately broken shims passed it too (branches with no
+    dependency on the leading barrier; the convolution after the last branch only): this
+    runtime ran the host tasks after the barrier and one at a time in submission order there,
+    so this is a check of the results, which a device that overlaps the branches sharpens."""
+    from dpctl.utils import SequentialOrderManager
+
+    q = dpctl.SyclQueue(dpctl.select_default_device())
+    assert not q.is_in_order
+    case = Case(q, op=op, rank=2, groups=4, sizes=(48, 48), bias=op != "backward_data", policy=2, algo=1, seed=61)
+    reads = [n for n in ("x", "w", "y") if n != case.out] + (["bias"] if op == "forward" else [])
+    if op == "forward":
+        case.desc["bias"].strides[0] = 0
+    assert shim.call("Conv_Plan_Create", case.args) is None
+    try:
+        args, ws = case.execute_args(case.args.plan, case.args.workspace_size, q)
+        assert case.args.workspace_size >= 4
+        ws_floats = dpt.usm_ndarray((case.args.workspace_size // 4,), dtype="f4", buffer=ws)
+        rng = np.random.default_rng(62)
+        R = 256
+        for _ in range(4):
+            fresh = {}
+            for name in reads:
+                v = exact(rng, case.values[name].shape)
+                if name == "bias":
+                    v = np.full(v.shape, v[0])
+                # R copies of v / R: their sum (a slow kernel) is v exactly
+                parts = np.repeat((v / R)[..., None], R, axis=-1)
+                fresh[name] = dpt.asarray(to_bits(parts, "float32"), sycl_queue=q)
+                case.values[name] = v
+            q.wait()  # the uploads done: what follows runs with no host wait
+            for name in reads:  # dpctl kernels write the inputs in place just before the call
+                dpt.sum(fresh[name], axis=-1, out=case.dev[name])
+            case.dev[case.out][...] = np.nan
+            if case.writes_bias:
+                case.dev["bias"][...] = np.nan
+            ws_floats[...] = np.nan
+            assert shim.call("Conv_Plan_Execute", args) is None
+            done = q.submit_barrier()
+            SequentialOrderManager[q].add_event_pair(done, done)
+            case.check()  # read after the barrier, with no q.wait()
+    finally:
+        shim.destroy(case.args.plan)
 
 
 def test_workspace_from_the_caller_is_used(shim, queue):
@@ -503,8 +557,8 @@ def test_overlapping_read_tensors_are_gathered(shim, queue, op, algo):
 # ------------------------------------------------------------------------------------------
 # Ordering without host waits (issue 28, deliverable 4): Conv_Plan_Execute returns once its work
 # is queued. On an in-order queue the queue orders it. On an out-of-order queue (dpnp's default)
-# the shim chains its primitives with events after a queue barrier (the queue's earlier work)
-# and ends with a barrier waiting for them: later work is ordered after the call by depending on
+# the shim orders its primitives with events after a queue barrier (the queue's earlier work)
+# and ends with a barrier waiting for all of them: later work is ordered after the call by depending on
 # a barrier submitted after it (dpctl's SyclQueue.submit_barrier(); the plug-in's providers add
 # its event to dpctl's order manager, which dpnp's operations depend on). Each chain below is
 # submitted with no host wait in between and read once at the end, into outputs poisoned with

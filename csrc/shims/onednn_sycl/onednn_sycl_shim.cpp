@@ -730,10 +730,14 @@ std::shared_ptr<Built> build(dnnl_engine_t engine, const Problem& caller, int64_
 //   after its earlier work, after each other and before its later work. Nothing else is done.
 // - Out-of-order queue (dpctl's and dpnp's default): oneDNN does not order one primitive after
 //   the previous one (its stream forgets the last event after each execution), so the shim
-//   chains them with events (dnnl_sycl_interop_primitive_execute's dependencies and returned
-//   event). The first depends on a queue barrier (ext_oneapi_submit_barrier(): every command
-//   submitted to the queue before the call), and after the last the shim submits a barrier
-//   waiting for it. On such a queue SYCL orders nothing by itself: the caller's later work is
+//   orders them with events (dnnl_sycl_interop_primitive_execute's dependencies and returned
+//   event; Chain). A queue barrier comes first (ext_oneapi_submit_barrier(): every command
+//   submitted to the queue before the call). Each input's staging (its gathers, one after the
+//   other, then its reorder) is a branch depending on that barrier only; the convolution
+//   depends on the end of every branch (on the barrier when nothing is staged); output
+//   reorders follow the convolution one after the other. After the last the shim submits a
+//   barrier waiting for every event of the call that nothing later in it depends on, and so
+//   for all of its work (on an error too, for what was submitted). On such a queue SYCL orders nothing by itself: the caller's later work is
 //   ordered after the call by depending on a barrier submitted after it (measured: a barrier
 //   the caller submits then completes after the call's work; a dpnp kernel submitted with no
 //   dependency did not wait for it). The plug-in's providers do so, through dpctl's order
@@ -795,40 +799,68 @@ StreamHandle stream_for(dnnl_engine_t engine, void* queue) {
   return h;
 }
 
-// The primitives of one call on one stream, in submission order (see above).
+// The primitives of one call on one stream (see above). On an in-order queue they run in
+// submission order and the rest of this is idle. On an out-of-order queue each primitive
+// depends on the events of `deps`: by default the previous primitive's (a serial chain after
+// the leading barrier); branch() makes the next one depend on the leading barrier only (an
+// independent branch: the input stagings of a call), join() on every event of the call that
+// nothing submitted since depends on (the convolution, after every branch).
 struct Chain {
   dnnl_stream_t stream;
   void* queue;
   bool in_order;
-  std::vector<fdnn_sycl::SyclObject> deps;  // out of order: the last event, after begin()
-  fdnn_sycl::SyclObject last;                // the event of the last primitive
+  fdnn_sycl::SyclObject start;               // out of order: the leading barrier, once submitted
+  std::vector<fdnn_sycl::SyclObject> deps;   // what the next primitive depends on (empty: start)
+  std::vector<fdnn_sycl::SyclObject> ends;   // the events no later one of the call depends on
+  fdnn_sycl::SyclObject last;                // the event of the last primitive (or barrier)
   bool submitted = false;
   char code_location[64] = {};  // sycl::detail::code_location (file, function, line, column)
 
   Chain(dnnl_stream_t s, void* q, bool ordered) : stream(s), queue(q), in_order(ordered) {}
 
+  // The next primitive starts a branch: after the queue's earlier work only.
+  void branch() {
+    if (!in_order) deps.clear();
+  }
+  // The next primitive waits for every branch (every end of the call so far).
+  void join() {
+    if (!in_order) deps = ends;
+  }
+
   void exec(const Prim& prim, const dnnl_exec_arg_t* args, int nargs, const char* what) {
     if (!in_order && !submitted) {  // after everything submitted to the queue before
-      fdnn_sycl::SyclObject barrier;
-      libraries().sycl.queue_barrier(&barrier, queue, code_location);
-      deps.assign(1, barrier);
+      libraries().sycl.queue_barrier(&start, queue, code_location);
+      ends.assign(1, start);
+      submitted = true;
     }
+    if (!in_order && deps.empty()) deps.assign(1, start);
     fdnn_sycl::SyclObject event;
     check(D().dnnl_sycl_interop_primitive_execute(prim.get(), stream, nargs, args, in_order ? nullptr : &deps,
                                                   &event),
           what);
     submitted = true;
     last = event;
-    if (!in_order) deps.assign(1, event);
+    if (in_order) return;
+    // The events it depends on are no longer ends of the call; it is one.
+    ends.erase(std::remove_if(ends.begin(), ends.end(),
+                              [&](const fdnn_sycl::SyclObject& e) {
+                                return std::any_of(deps.begin(), deps.end(),
+                                                   [&](const fdnn_sycl::SyclObject& d) { return d.id() == e.id(); });
+                              }),
+               ends.end());
+    ends.push_back(event);
+    deps.assign(1, event);
   }
 
-  // Out of order: the barrier that orders the queue's later work after the chain.
+  // Out of order: the barrier that orders the queue's later work after the whole call (it
+  // waits for every end, and so for every primitive submitted).
   void finish() {
     if (in_order || !submitted) return;
     fdnn_sycl::SyclObject barrier;
-    libraries().sycl.queue_barrier_after(&barrier, queue, &deps, code_location);
+    libraries().sycl.queue_barrier_after(&barrier, queue, &ends, code_location);
     last = barrier;
     deps.clear();
+    ends.clear();
     submitted = false;
   }
 
@@ -851,7 +883,8 @@ void gather_into(const Operand& o, dnnl_engine_t engine, Chain& chain, void* fro
   }
 }
 
-// Runs a built plan on `chain`: inputs staged, the convolution, outputs written back.
+// Runs a built plan on `chain`: inputs staged (each input a branch of the chain), the
+// convolution after all of them, outputs written back.
 // pointers: x, w, y, bias (USM); workspace: USM, >= b.workspace bytes. The memory objects are
 // released on return: oneDNN holds them until its work has run.
 void run(const Built& b, Chain& chain, void* const pointers[4], char* workspace) {
@@ -867,6 +900,8 @@ void run(const Built& b, Chain& chain, void* const pointers[4], char* workspace)
       args.push_back({o.arg, b.packed_w.get()});
       continue;
     }
+    // An input's gathers and staging reorder: a branch of their own, in that order.
+    if (!o.output) chain.branch();
     if (o.gathered) {  // slice by slice into the compact copy, which the rest then reads
       char* copy = workspace + o.gather_offset;
       gather_into(o, engine, chain, user_ptr, copy);
@@ -888,6 +923,7 @@ void run(const Built& b, Chain& chain, void* const pointers[4], char* workspace)
     keep.push_back(scratch);
     args.push_back({DNNL_ARG_SCRATCHPAD, scratch.get()});
   }
+  chain.join();  // the convolution after every input's branch
   exec(b.conv, args);
   for (size_t i = 0; i < b.operands.size(); ++i) {
     const Operand& o = b.operands[i];
