@@ -777,6 +777,8 @@ struct Exec {
   void im2col_rows(int64_t m0, int64_t mc, int64_t g, T* col) const {
     const int nt = threads_for(mc * p.R);
     const int64_t* s = p.xs;
+    // Channels-last x whose pixels hold exactly this group's channels, dilation 1 along W.
+    const bool kw_runs = s[1] == 1 && s[4] == p.Cg && p.dil[2] == 1;
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t i = 0; i < mc; ++i) {
       const int64_t m = m0 + i, n = m / p.OSP, q = m % p.OSP;
@@ -787,6 +789,19 @@ struct Exec {
         const int64_t id = od * p.st[0] - p.lo[0] + kd * p.dil[0];
         for (int64_t kh = 0; kh < p.ks[1]; ++kh) {
           const int64_t ih = oh * p.st[1] - p.lo[1] + kh * p.dil[1];
+          if (kw_runs && id >= 0 && id < p.in[0] && ih >= 0 && ih < p.in[1]) {
+            // The kernel row's taps inside the image are one run in x and in the row: widened
+            // at once (a 3-channel stem: 7 runs of 3 elements become one of 21, which F16C
+            // converts 8 at a time; one at a time in software below 4).
+            const int64_t iw0 = ow * p.st[2] - p.lo[2];
+            const int64_t kw_lo = std::min(std::max<int64_t>(0, -iw0), p.ks[2]);
+            const int64_t kw_hi = std::max(kw_lo, std::min(p.ks[2], p.in[2] - iw0));
+            T* dst = row + (kd * p.ks[1] + kh) * p.ks[2] * p.Cg;
+            std::fill(dst, dst + kw_lo * p.Cg, T(0));
+            widen_run(xn + id * s[2] + ih * s[3] + (iw0 + kw_lo) * s[4], dst + kw_lo * p.Cg, (kw_hi - kw_lo) * p.Cg);
+            std::fill(dst + kw_hi * p.Cg, dst + p.ks[2] * p.Cg, T(0));
+            continue;
+          }
           for (int64_t kw = 0; kw < p.ks[2]; ++kw) {
             const int64_t iw = ow * p.st[2] - p.lo[2] + kw * p.dil[2];
             T* dst = row + ((kd * p.ks[1] + kh) * p.ks[2] + kw) * p.Cg;
