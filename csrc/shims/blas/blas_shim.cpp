@@ -11,8 +11,9 @@
 // vectorised over the output's innermost contiguous dim (algo 4). Forward 2-D 3x3 stride-1
 // convolutions may run as Winograd F(2x2, 3x3): transforms and 16 GEMMs (algo 5). float64 and float32 run natively (dgemm, sgemm); float16 and bfloat16 are
 // converted to float32 while gathered into the workspace, computed in float32 and rounded
-// once into the output. Everything a call needs lives in the caller's workspace: a plan holds
-// no mutable state and may execute on several threads at once.
+// once into the output. What a call needs lives in the caller's workspace (the direct depthwise
+// kernels' staging excepted: per-thread heap buffers, README.md): a plan holds no mutable
+// state and may execute on several threads at once.
 #include <cblas.h>
 #include <omp.h>
 
