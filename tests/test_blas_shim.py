@@ -235,11 +235,14 @@ def activation_ref(v, name, a, b):
     }[name]()
 
 
-def check_close(out, expected, dtype, what=""):
+def check_close(out, expected, dtype, what="", magnitude=None):
+    """out against expected, relative to each element and to the result's scale: the largest of
+    |expected| and `magnitude` (a forward's values before its activation: an activation that
+    squashes them, clip or sigmoid, leaves the sum's rounding error, which scales with them)."""
     got = values(out, dtype)
     assert not np.isnan(got).any(), f"{what}: unwritten (NaN) elements"
     tol = RTOL[dtype]
-    scale = max(1.0, float(np.abs(expected).max()))
+    scale = max(1.0, float(np.abs(expected).max()), 0.0 if magnitude is None else magnitude)
     err = np.abs(got - expected)
     bad = err > tol * np.abs(expected) + tol * 1e-2 * scale + (0 if dtype == "float64" else tol * 1e-2)
     assert not bad.any(), f"{what}: max error {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}"
@@ -304,8 +307,11 @@ def conv_case(
     )
     bq = values(store_as(bv, dtype), dtype) if bias else None
     kw = dict(stride=g["stride"], lo=g["lo"], hi=g["hi"], dilation=g["dilation"], groups=groups)
+    magnitude = None
     if op == FORWARD:
-        expected = alpha * activation_ref(ref.conv_forward(xq, wq, bq, **kw), act, act_a, act_b)
+        pre_activation = ref.conv_forward(xq, wq, bq, **kw)
+        magnitude = float(np.abs(alpha * pre_activation).max())
+        expected = alpha * activation_ref(pre_activation, act, act_a, act_b)
     elif op == BACKWARD_DATA:
         expected = alpha * ref.conv_backward_data(yq, wq, xq.shape, **kw)
     else:
@@ -335,7 +341,7 @@ def conv_case(
         algo_id=algo_id,
     )
     assert error is None, error
-    check_close(out, expected, dtype, f"{out_name} ({args.name})")
+    check_close(out, expected, dtype, f"{out_name} ({args.name})", magnitude)
     if bias and op == BACKWARD_WEIGHT:
         db = alpha * yq.sum(axis=(0, *range(2, nd + 2)))
         if old_b is not None:
@@ -662,6 +668,39 @@ def test_winograd_epilogue(shim, rng, act, lay):
         algo_id=5,
     )
     assert args.chosen_algo_id == 5
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "given", "benchmark"])
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (0.5, -1.5)])
+@pytest.mark.parametrize("act", [None, "relu"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_winograd_options_crossed(shim, rng, policy, alpha, beta, act, dtype):
+    """A problem the heuristic gives Winograd (NC[D]HW, 16 channels, 128 tiles) under every
+    algorithm policy, crossed with alpha/beta, an activation and bias: the heuristic and
+    algorithm 5 given run Winograd, the benchmark policy whichever lowering timed fastest."""
+    given = {"heuristic": (ABI.ALGO_HEURISTIC, 0), "given": (ABI.ALGO_GIVEN, 5), "benchmark": (ABI.ALGO_BENCHMARK, 0)}
+    policy_code, algo_id = given[policy]
+    args = conv_case(
+        shim,
+        rng,
+        FORWARD,
+        dtype,
+        2,
+        N=2,
+        C=16,
+        K=16,
+        groups=1,
+        size=16,
+        g=WINOGRAD_GEOMETRIES["same"],
+        bias=True,
+        act=act,
+        alpha=alpha,
+        beta=beta,
+        policy=policy_code,
+        algo_id=algo_id,
+    )
+    if policy != "benchmark":
+        assert args.chosen_algo_id == 5, args.name
 
 
 def test_winograd_heuristic(shim, rng):

@@ -246,21 +246,25 @@ const T* at(const T* a, bool t, int64_t ld, int64_t i, int64_t j) {
 
 // gemm() split into panels (panels_of) run on the OpenMP team, each with one OpenBLAS call on
 // its thread. The panels write disjoint parts of C.
+// Panel i of sp of that GEMM: one OpenBLAS call on the calling thread.
+template <class T>
+void gemm_panel(const Panels& sp, int64_t i, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const int64_t dim = sp.along_n ? n : m;
+  const int64_t d0 = dim * i / sp.count, d1 = dim * (i + 1) / sp.count;
+  if (sp.along_n)
+    gemm(ta, tb, m, d1 - d0, k, alpha, a, lda, at(b, tb, ldb, 0, d0), ldb, beta, c + d0, ldc);
+  else
+    gemm(ta, tb, d1 - d0, n, k, alpha, at(a, ta, lda, d0, 0), lda, b, ldb, beta, c + d0 * ldc, ldc);
+}
+
 template <class T>
 void par_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   const Panels sp = panels_of(m, n, k);
   const int nt = static_cast<int>(std::min<int64_t>(sp.count, team_threads()));
-  const int64_t dim = sp.along_n ? n : m;
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1)
-  for (int64_t i = 0; i < sp.count; ++i) {
-    const int64_t d0 = dim * i / sp.count, d1 = dim * (i + 1) / sp.count;
-    if (sp.along_n)
-      gemm(ta, tb, m, d1 - d0, k, alpha, a, lda, at(b, tb, ldb, 0, d0), ldb, beta, c + d0, ldc);
-    else
-      gemm(ta, tb, d1 - d0, n, k, alpha, at(a, ta, lda, d0, 0), lda, b, ldb, beta, c + d0 * ldc,
-           ldc);
-  }
+  for (int64_t i = 0; i < sp.count; ++i) gemm_panel(sp, i, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -402,12 +406,19 @@ void check_problem(const FDNN_Conv_Plan_Create_Args& a) {
 // channels-last one 1.1-1.7x from 64 channels, 0.5-0.7x under 32 (its vectors run along the
 // channels); both lose under about 48 tiles, where transforming the weights (16 x K x C/g
 // values each call) outweighs the GEMMs (3x3 512 @7, N=1: 16 tiles, 0.5-0.7x).
+// Winograd's flavour for a: channels-last when both activations have unit channel stride (or
+// one channel), and for narrow images in any layout: the NC[D]HW flavour's vectors run along a
+// tile row, too short under 8 tiles (3x3 512 @7, N=4: 10.8 ms against ~7 in the other one).
+bool winograd_channels_last(const FDNN_Conv_Plan_Create_Args& a) {
+  const bool unit = (a.x->shape[1] == 1 || a.x->strides[1] == 1) && (a.y->shape[1] == 1 || a.y->strides[1] == 1);
+  return unit || (a.y->shape[3] + 1) / 2 < 8;
+}
+
 bool winograd_pays(const FDNN_Conv_Plan_Create_Args& a) {
   if (!winograd_computes(a)) return false;
   const int64_t cg = a.w->shape[1], kg = a.w->shape[0] / a.groups;
-  const int64_t tiles_w = (a.y->shape[3] + 1) / 2, tiles = a.y->shape[0] * ((a.y->shape[2] + 1) / 2) * tiles_w;
-  const bool channels_last = (a.x->shape[1] == 1 || a.x->strides[1] == 1) && (a.y->shape[1] == 1 || a.y->strides[1] == 1);
-  const int64_t least = channels_last || tiles_w < 8 ? 64 : 16;  // as plan_winograd's flavour
+  const int64_t tiles = a.y->shape[0] * ((a.y->shape[2] + 1) / 2) * ((a.y->shape[3] + 1) / 2);
+  const int64_t least = winograd_channels_last(a) ? 64 : 16;
   return cg >= least && kg >= least && tiles >= 48;
 }
 
@@ -454,10 +465,7 @@ void plan_winograd(const FDNN_Conv_Plan_Create_Args& a, Plan& p) {
   const size_t es = elem_size(p.dt);
   p.tiles_h = (p.out[1] + 1) / 2;
   p.tiles_w = (p.out[2] + 1) / 2;
-  // Channels-last flavour when both activations have unit channel stride (or one channel),
-  // and for narrow images in any layout: the NC[D]HW flavour's vectors run along a tile row,
-  // too short under 8 tiles (3x3 512 @7, N=4: 10.8 ms against ~7 in the other flavour).
-  p.wg_cl = ((p.C == 1 || p.xs[1] == 1) && (p.K == 1 || p.ys[1] == 1)) || p.tiles_w < 8;
+  p.wg_cl = winograd_channels_last(a);
   p.tiles = p.tiles_h * p.tiles_w;
   size_t fixed = align64(static_cast<size_t>(16 * p.K * p.Cg) * es);
   p.off_w = 0;
@@ -705,6 +713,8 @@ inline void valid_range(int64_t n, int64_t out, int64_t s, int64_t lo, int64_t k
 
 template <class S, class T>
 struct Exec {
+  using Src = S;  // the caller's element type
+  using Acc = T;  // the compute type
   const Plan& p;
   S* x;
   S* w;
@@ -1251,25 +1261,16 @@ struct Exec {
     const Panels sp = panels_of(m, n, k);
     const int64_t tasks = 16 * sp.count;
     const int nt = static_cast<int>(std::min<int64_t>(tasks, team_threads()));
-    const int64_t dim = sp.along_n ? n : m;
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t xi = task / sp.count, i = task % sp.count;
-      const int64_t d0 = dim * i / sp.count, d1 = dim * (i + 1) / sp.count;
       const T* u = U + xi * p.Kg * p.Cg;
       const T* v = V + xi * p.Cg * tc;
       T* c = M + xi * p.Kg * tc;
-      if (p.wg_cl) {  // A = V (m = tc rows, ld Cg), B = U^T (ld Cg), C ld Kg
-        if (sp.along_n)
-          gemm(false, true, m, d1 - d0, k, alpha, v, p.Cg, u + d0 * p.Cg, p.Cg, T(0), c + d0, p.Kg);
-        else
-          gemm(false, true, d1 - d0, n, k, alpha, v + d0 * p.Cg, p.Cg, u, p.Cg, T(0), c + d0 * p.Kg, p.Kg);
-      } else {  // A = U (m = Kg rows, ld Cg), B = V (ld tc), C ld tc
-        if (sp.along_n)
-          gemm(false, false, m, d1 - d0, k, alpha, u, p.Cg, v + d0, tc, T(0), c + d0, tc);
-        else
-          gemm(false, false, d1 - d0, n, k, alpha, u + d0 * p.Cg, p.Cg, v, tc, T(0), c + d0 * tc, tc);
-      }
+      if (p.wg_cl)  // A = V (tc rows, ld Cg), B = U^T (ld Cg), C ld Kg
+        gemm_panel(sp, i, false, true, m, n, k, alpha, v, p.Cg, u, p.Cg, T(0), c, p.Kg);
+      else  // A = U (Kg rows, ld Cg), B = V (ld tc), C ld tc
+        gemm_panel(sp, i, false, false, m, n, k, alpha, u, p.Cg, v, tc, T(0), c, tc);
     }
   }
 
@@ -1534,43 +1535,37 @@ void execute_plan(const Plan& plan, void* const ptr[4], char* workspace) {
   }
 }
 
-// Packs the weights of a FORWARD plan into plan-owned memory in the GEMM's layout.
+// Calls f with an Exec of the plan's dtypes that has no arrays (weight packing only).
+template <class F>
+void with_packer(const Plan& plan, F&& f) {
+  switch (plan.dt) {
+    case kF64: return f(Exec<double, double>{plan, nullptr, nullptr, nullptr, nullptr, nullptr});
+    case kF32: return f(Exec<float, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr});
+    case kF16: return f(Exec<Half, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr});
+    case kBF16: return f(Exec<BF16, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr});
+    case kNone: fail(FDNN_ERROR_INTERNAL, "plan without a dtype");
+  }
+}
+
+// Packs the weights of a FORWARD plan into plan-owned memory in the lowering's layout:
+// Winograd's transformed weights, depthwise's (kvol, K), or the GEMM's rows.
 void pack_into(Plan& plan, const void* w) {
   const size_t es = elem_size(plan.dt);
   const int64_t count = plan.winograd ? 16 * plan.K * plan.Cg : plan.K * plan.R;
   auto bytes = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(count) * es);
-  void* dst = bytes->data();
-  if (plan.winograd) {  // U, the transformed weights
-    switch (plan.dt) {
-      case kF64: Exec<double, double>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.wg_pack(static_cast<const double*>(w), static_cast<double*>(dst)); break;
-      case kF32: Exec<float, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.wg_pack(static_cast<const float*>(w), static_cast<float*>(dst)); break;
-      case kF16: Exec<Half, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.wg_pack(static_cast<const Half*>(w), static_cast<float*>(dst)); break;
-      case kBF16: Exec<BF16, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.wg_pack(static_cast<const BF16*>(w), static_cast<float*>(dst)); break;
-      case kNone: fail(FDNN_ERROR_INTERNAL, "plan without a dtype");
-    }
-    plan.packed_w = std::move(bytes);
-    return;
-  }
-  if (plan.depthwise) {
-    switch (plan.dt) {
-      case kF64: Exec<double, double>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.dw_pack(static_cast<const double*>(w), static_cast<double*>(dst)); break;
-      case kF32: Exec<float, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.dw_pack(static_cast<const float*>(w), static_cast<float*>(dst)); break;
-      case kF16: Exec<Half, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.dw_pack(static_cast<const Half*>(w), static_cast<float*>(dst)); break;
-      case kBF16: Exec<BF16, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.dw_pack(static_cast<const BF16*>(w), static_cast<float*>(dst)); break;
-      case kNone: fail(FDNN_ERROR_INTERNAL, "plan without a dtype");
-    }
-    plan.packed_w = std::move(bytes);
-    return;
-  }
-  switch (plan.dt) {
-    case kF64: Exec<double, double>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const double*>(w), static_cast<double*>(dst)); break;
-    case kF32: Exec<float, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const float*>(w), static_cast<float*>(dst)); break;
-    case kF16: Exec<Half, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const Half*>(w), static_cast<float*>(dst)); break;
-    case kBF16: Exec<BF16, float>{plan, nullptr, nullptr, nullptr, nullptr, nullptr}.pack_weights(static_cast<const BF16*>(w), static_cast<float*>(dst)); break;
-    case kNone: fail(FDNN_ERROR_INTERNAL, "plan without a dtype");
-  }
+  with_packer(plan, [&](const auto& e) {
+    using E = std::decay_t<decltype(e)>;
+    const auto* src = static_cast<const typename E::Src*>(w);
+    auto* dst = reinterpret_cast<typename E::Acc*>(bytes->data());
+    if (plan.winograd)
+      e.wg_pack(src, dst);
+    else if (plan.depthwise)
+      e.dw_pack(src, dst);
+    else
+      e.pack_weights(src, dst);
+  });
   plan.packed_w = std::move(bytes);
-  plan.w_direct = false;
+  if (!plan.winograd && !plan.depthwise) plan.w_direct = false;
 }
 
 // Times a plan on zero-filled buffers (benchmark policy).
