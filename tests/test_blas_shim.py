@@ -11,7 +11,10 @@ import importlib.util
 import math
 import os
 import pathlib
+import platform
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -396,7 +399,11 @@ EVERY_FEATURE = sum(ABI.group("FEATURE_").values()) & ~ABI.FEATURE_REDUCED_PRECI
 def test_capabilities(shim, op, dtype, support, detail):
     a = shim.capabilities(op, dtype)
     assert not isinstance(a, tuple), a
-    assert (a.support, a.detail) == (support, detail)
+    assert a.support == support
+    if dtype[1] in (16, 32) and support != ABI.SUPPORT_NONE and own_gemm(shim):  # the AVX-512 kernel named
+        assert a.detail.startswith(detail) and b"AVX-512 kernel" in a.detail, a.detail
+    else:
+        assert a.detail == detail
     if support == ABI.SUPPORT_NONE:
         assert (a.spatial_ranks, a.activations, a.features) == (0, 0, 0)
         return
@@ -404,6 +411,12 @@ def test_capabilities(shim, op, dtype, support, detail):
     assert a.activations == ((1 << ABI.NUM_ACTIVATIONS) - 1 if op == FORWARD else 1 << ABI.ACTIVATION_NONE)
     per_op = {FORWARD: ABI.FEATURE_PACK_WEIGHTS, BACKWARD_WEIGHT: ABI.FEATURE_BIAS_GRADIENT}
     assert a.features == EVERY_FEATURE & ~ABI.FEATURE_PACK_WEIGHTS & ~ABI.FEATURE_BIAS_GRADIENT | per_op.get(op, 0)
+
+
+def own_gemm(shim):
+    """Whether this process's shim runs float32 GEMMs on its AVX-512 kernel (sgemm_avx512.inc):
+    an x86-64 CPU with AVX-512F, FLUX_DNN_BLAS_GEMM not "openblas"."""
+    return b"AVX-512" in shim.capabilities(FORWARD, (ABI.DTYPE_FLOAT, 32)).detail
 
 
 # ---------------------------------------------------------------------------------------------
@@ -596,6 +609,54 @@ def test_direct_depthwise_ranks(shim, rng, op, nd, lay, dtype):
         alpha=2.0,
         beta=1.0,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The float32 GEMM (sgemm_avx512.inc on AVX-512 CPUs, else OpenBLAS)
+
+# Shapes across the AVX-512 kernel's edges: 70 output channels (11 six-row strips and 4 rows
+# over; in channels-last rows, a 64-column strip and 6 over), 135 pixels an image (2 strips of
+# 64 and 7 over), 300 input channels (a 1x1 layer's k in two blocks of 256; a 3x3 layer's
+# 2700 in eleven), with alpha, beta (old values in y), bias and an activation: every
+# partial-tile and k-block path, beside the full tiles.
+GEMM_EDGES = dict(N=2, C=300, K=70, size=(9, 15), groups=1, bias=True, alpha=1.5, beta=0.5, act="relu")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_gemm_edges(shim, rng, dtype, lay, k):
+    """Forward convolutions whose GEMMs end in partial tiles and span several k blocks, against
+    the float64 reference. A 16-bit 1x1 layer hands x itself to the AVX-512 kernel, which
+    widens it as it packs ("pointwise" in the plan's name); without that kernel the 16-bit x
+    is widened into the workspace first."""
+    g = geometry(2, k=k, lo=(k // 2,) * 2, hi=(k // 2,) * 2)
+    args = conv_case(shim, rng, FORWARD, dtype, 2, g=g, x_layout=lay, y_layout=lay, **GEMM_EDGES)
+    if k == 1:
+        assert ("pointwise" in args.name) == (dtype == "float32" or own_gemm(shim)), args.name
+
+
+@pytest.mark.parametrize("op", [BACKWARD_DATA, BACKWARD_WEIGHT], ids=["bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("lay", ["dense", "cl"])
+def test_gemm_edges_backward(shim, rng, op, lay):
+    """The backward ops' GEMMs (transposed operands on the thin side) on the same edges."""
+    kw = {**GEMM_EDGES, "bias": op == BACKWARD_WEIGHT, "act": None}
+    conv_case(shim, rng, op, "float32", 2, g=geometry(2, k=3, lo=(1, 1), hi=(1, 1)), x_layout=lay, y_layout=lay, **kw)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the AVX-512 kernel is x86-64 only")
+def test_gemm_openblas_only():
+    """FLUX_DNN_BLAS_GEMM=openblas keeps every GEMM on OpenBLAS (read once per process, so in a
+    child): the GEMM tests and the pointwise ones pass there too. On a CPU without AVX-512 this
+    is the path every test takes; here it is checked on any x86-64 machine."""
+    env = {**os.environ, "FLUX_DNN_BLAS_GEMM": "openblas"}
+    code = (
+        "import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-k', "
+        "'gemm_edges or pointwise or capabilities', sys.argv[1]]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-2000:]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,9 +9,11 @@
 // A 1x1, stride-1, unpadded convolution in a matching layout uses x itself as the im2col
 // matrix. Depthwise convolutions (one input channel per group) skip GEMM: direct loops
 // vectorised over the output's innermost contiguous dim (algo 4). Forward 2-D 3x3 stride-1
-// convolutions may run as Winograd F(2x2, 3x3): transforms and 16 GEMMs (algo 5). float64 and float32 run natively (dgemm, sgemm); float16 and bfloat16 are
-// converted to float32 while gathered into the workspace, computed in float32 and rounded
-// once into the output. What a call needs lives in the caller's workspace (the direct depthwise
+// convolutions may run as Winograd F(2x2, 3x3): transforms and 16 GEMMs (algo 5). float64 and
+// float32 run natively (dgemm, sgemm; on AVX-512 CPUs thin float32 GEMMs run on the shim's own
+// kernel, sgemm_avx512.inc); float16 and bfloat16 are converted to float32 while gathered
+// into the workspace (or, for a 1x1 layer's x, while that kernel packs it), computed in
+// float32 and rounded once into the output. What a call needs lives in the caller's workspace (the direct depthwise
 // kernels' staging excepted: per-thread heap buffers, README.md): a plan holds no mutable
 // state and may execute on several threads at once.
 #include <cblas.h>
@@ -21,6 +23,7 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -166,8 +169,42 @@ Dt dt_of(FDNN_DLDataType t) {
 
 inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
+#if FDNN_X86_CLONES
+#include "sgemm_avx512.inc"
+
+// Whether float32 GEMMs run on the shim's AVX-512 kernel (sgemm_avx512.inc): on CPUs with
+// AVX-512F (whose state the OS saves), unless FLUX_DNN_BLAS_GEMM=openblas (read once) keeps
+// every GEMM on OpenBLAS. On other CPUs OpenBLAS's own kernels serve (README.md, "GEMM").
+bool own_sgemm_enabled() {
+  static const bool on = [] {
+    __builtin_cpu_init();
+    const char* env = std::getenv("FLUX_DNN_BLAS_GEMM");
+    if (env && std::strcmp(env, "openblas") == 0) return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  }();
+  return on;
+}
+
+// The shapes the kernel takes (measured on one Xeon core against OpenBLAS 0.3.34's SkylakeX
+// kernels, README.md "GEMM"): thin ones, which it is written for, a side of C of at most 512
+// (a square 2048 GEMM, which no forward layer makes, runs at 0.8x OpenBLAS); both sides at
+// least one vector wide (OpenBLAS's small-matrix path wins on thinner ones); a k of at least
+// 8; and the wide operand (the one streamed strip by strip: B where m <= n, else A) not
+// transposed. A transposed operand is gathered one element at a time into its packing, which
+// the thin side, packed once per k block, can afford and the streamed side cannot (64 x 512
+// x 512 with B transposed: 0.77x OpenBLAS).
+bool own_sgemm_takes(bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
+  const bool wide_transposed = m <= n ? tb : ta;
+  return own_sgemm_enabled() && std::min(m, n) >= 16 && std::min(m, n) <= 512 && k >= 8 &&
+         !wide_transposed;
+}
+#endif
+
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#if FDNN_X86_CLONES
+  if (own_sgemm_takes(ta, tb, m, n, k)) return sg512::sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
   scipy_cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<blasint>(m),
                     static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
                     static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
@@ -180,6 +217,30 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
                     static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
                     static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
                     static_cast<blasint>(ldc));
+}
+// A float32 GEMM with a 16-bit operand (x itself, in a 16-bit plan with x_direct): only the
+// AVX-512 kernel reads one, widening it as it packs, whatever the shape; plans take that path
+// only where own_sgemm_enabled() (make_plan), so elsewhere this is never reached.
+template <class EA, class EB>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const EA* a, int64_t lda,
+          const EB* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#if FDNN_X86_CLONES
+  sg512::sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#else
+  (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b,
+      (void)ldb, (void)beta, (void)c, (void)ldc;
+  fail(FDNN_ERROR_INTERNAL, "a 16-bit GEMM operand without the AVX-512 kernel");
+#endif
+}
+
+// Whether float32 GEMMs may run on the AVX-512 kernel, so a 16-bit plan may hand it x as it
+// is (it widens x as it packs).
+bool own_gemm() {
+#if FDNN_X86_CLONES
+  return own_sgemm_enabled();
+#else
+  return false;
+#endif
 }
 
 // Threads: the OpenMP team owns them (README.md, "Threads"). Its size is the calling thread's
@@ -215,7 +276,7 @@ int threads_for(int64_t work) {
 
 // A GEMM C(m x n) = op(A)(m x k) * op(B)(k x n) as panels: a power of two of them along the
 // larger of m and n, each at least kMinPanel wide (64 at most). The split is a function of the
-// shape only, never of the team size: each element of C comes from the same OpenBLAS call
+// shape only, never of the team size: each element of C comes from the same GEMM call
 // (same kernel, same blocking of k) whatever the number of threads, so results are identical
 // for 1 and N threads. Splitting m or n repacks the other operand once per panel; panels of
 // 192 or more lose under 10% against one call (measured single-threaded, sgemm and dgemm).
@@ -238,29 +299,39 @@ Panels panels_of(int64_t m, int64_t n, int64_t k) {
   return p;
 }
 
+// Where panel i of sp starts along a dim of C: on a multiple of 64 columns or 6 rows (the
+// AVX-512 kernel's register tile, sgemm_avx512.inc), so that only the last panel has a partial
+// tile (3136 columns in 16 panels of 196 each ended in a 4-column tile).
+int64_t panel_edge(const Panels& sp, int64_t dim, int64_t i) {
+  if (i >= sp.count) return dim;
+  const int64_t unit = sp.along_n ? 64 : 6;
+  return dim * i / sp.count / unit * unit;
+}
+
 // Row-major op(X) element (i, j) address for a transposed or plain operand.
 template <class T>
 const T* at(const T* a, bool t, int64_t ld, int64_t i, int64_t j) {
   return t ? a + j * ld + i : a + i * ld + j;
 }
 
-// gemm() split into panels (panels_of) run on the OpenMP team, each with one OpenBLAS call on
-// its thread. The panels write disjoint parts of C.
-// Panel i of sp of that GEMM: one OpenBLAS call on the calling thread.
-template <class T>
+// Panel i of sp of a GEMM: one gemm() call on the calling thread.
+template <class T, class TA, class TB>
 void gemm_panel(const Panels& sp, int64_t i, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+                T alpha, const TA* a, int64_t lda, const TB* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   const int64_t dim = sp.along_n ? n : m;
-  const int64_t d0 = dim * i / sp.count, d1 = dim * (i + 1) / sp.count;
+  const int64_t d0 = panel_edge(sp, dim, i), d1 = panel_edge(sp, dim, i + 1);
   if (sp.along_n)
     gemm(ta, tb, m, d1 - d0, k, alpha, a, lda, at(b, tb, ldb, 0, d0), ldb, beta, c + d0, ldc);
   else
     gemm(ta, tb, d1 - d0, n, k, alpha, at(a, ta, lda, d0, 0), lda, b, ldb, beta, c + d0 * ldc, ldc);
 }
 
-template <class T>
-void par_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+// gemm() split into panels (panels_of) run on the OpenMP team, each on its thread; the panels
+// write disjoint parts of C. A and B are of the compute type T, or one of them 16-bit (x in a
+// 16-bit 1x1 plan: the AVX-512 kernel widens it).
+template <class T, class TA, class TB>
+void par_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const TA* a,
+              int64_t lda, const TB* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   const Panels sp = panels_of(m, n, k);
   const int nt = static_cast<int>(std::min<int64_t>(sp.count, team_threads()));
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(dynamic, 1)
@@ -584,9 +655,14 @@ Plan make_plan(const FDNN_Conv_Plan_Create_Args& a, Lowering l) {
   p.ldw = p.K == 1 ? p.R : p.ws[0];
   if (p.ldw < p.R || p.ldw > INT_MAX) p.w_direct = false;
   if (!p.w_direct) p.ldw = p.R;
+  // A 16-bit forward pointwise convolution hands x itself to the AVX-512 kernel, which widens
+  // it as it packs (own_gemm): a widened copy of x cost as much as the GEMM (float16
+  // and bfloat16 1x1 layers at 0.65-0.8x their float32).
+  const bool x_view_16 = !native && a.op == FDNN_CONV_FORWARD && own_gemm() &&
+                         !p.span_images && activation_view(xsh, p.xs, l, p.ldx);
   switch (a.op) {
     case FDNN_CONV_FORWARD:
-      p.x_direct = pointwise && x_view;
+      p.x_direct = pointwise && (x_view || x_view_16);
       p.y_direct = y_view && !(p.act != FDNN_ACTIVATION_NONE && p.beta != 0.f);
       break;
     case FDNN_CONV_BACKWARD_DATA:
@@ -1061,16 +1137,24 @@ struct Exec {
   // layout is the matrix the GEMM wants (x_direct, y_direct), else gathered into `buf`.
   // Sets `ld` to the operand's leading dimension.
   // x (forward's and backward-weight's input, backward-data's pointwise output) as a matrix.
-  T* x_direct_at(int64_t m0, int64_t g) const {
-    if (p.lowering == kRows) return reinterpret_cast<T*>(x) + m0 * p.ldx + g * p.Cg;
+  // x itself as the im2col operand (x_direct), in its own element type: S is T but in 16-bit
+  // forward plans, whose GEMM widens it (own_gemm).
+  const S* x_direct_at(int64_t m0, int64_t g) const {
+    if (p.lowering == kRows) return x + m0 * p.ldx + g * p.Cg;
     const int64_t n = m0 / p.OSP, p0 = m0 % p.OSP;
-    return reinterpret_cast<T*>(x) + n * p.xs[0] + g * p.Cg * p.ldx + p0;
+    return x + n * p.xs[0] + g * p.Cg * p.ldx + p0;
+  }
+  // dx itself as a backward-data GEMM's output (dx_gemm: native dtypes only, S is T).
+  T* dx_direct_at(int64_t m0, int64_t g) const {
+    return reinterpret_cast<T*>(const_cast<S*>(x_direct_at(m0, g)));
   }
 
   const T* x_operand(int64_t m0, int64_t mc, int64_t g, T* buf, int64_t& ld) const {
-    if (p.x_direct) {
-      ld = p.ldx;
-      return x_direct_at(m0, g);
+    if constexpr (std::is_same<S, T>::value) {
+      if (p.x_direct) {
+        ld = p.ldx;
+        return x_direct_at(m0, g);
+      }
     }
     if (p.lowering == kRows) {
       im2col_rows(m0, mc, g, buf);
@@ -1255,7 +1339,7 @@ struct Exec {
   // The 16 GEMMs of a chunk of tc tiles, group g: M[xi] = alpha * U[xi] * V[xi] (NC[D]HW:
   // (K/g x C/g) * (C/g x tc); channels-last: V[xi] (tc x C/g) * U[xi]^T). Each GEMM is split
   // into panels by its shape only (panels_of) and the 16 x panels calls spread over the team:
-  // every element comes from the same OpenBLAS call whatever the team size.
+  // every element comes from the same GEMM call whatever the team size.
   void wg_gemms(int64_t tc, const T* U, const T* V, T* M, T alpha) const {
     const int64_t m = p.wg_cl ? tc : p.Kg, n = p.wg_cl ? p.Kg : tc, k = p.Cg;
     const Panels sp = panels_of(m, n, k);
@@ -1311,26 +1395,37 @@ struct Exec {
     const T alpha = alpha_before_act(), beta = p.y_direct ? static_cast<T>(p.beta) : T(0);
     T* col = buf(p.off_col);
     T* ybuf = buf(p.off_y);
+    // One chunk and group: x as the GEMM reads it (x itself where x_direct, else the im2col
+    // matrix built in col), then the epilogue.
+    auto chunk_gemm = [&](int64_t m0, int64_t mc, int64_t g, auto&& gemm_on_x) {
+      int64_t ldo;
+      T* O = y_output(m0, mc, g, ybuf, ldo);
+      if (p.x_direct) {
+        gemm_on_x(x_direct_at(m0, g), p.ldx, O, ldo);
+      } else {
+        int64_t ldx;
+        const T* X = x_operand(m0, mc, g, col, ldx);
+        gemm_on_x(X, ldx, O, ldo);
+      }
+      if (p.lowering == kRows)
+        epilogue_rows(m0, mc, g, O, ldo);
+      else
+        epilogue_cols(m0, mc, g, O, ldo);
+    };
     if (p.lowering == kRows) {
       for_chunks_rows([&](int64_t m0, int64_t mc) {
-        for (int64_t g = 0; g < p.G; ++g) {
-          int64_t lda, ldo;
-          const T* A = x_operand(m0, mc, g, col, lda);
-          T* O = y_output(m0, mc, g, ybuf, ldo);
-          par_gemm(false, true, mc, p.Kg, p.R, alpha, A, lda, W + g * p.Kg * ldw, ldw, beta, O, ldo);
-          epilogue_rows(m0, mc, g, O, ldo);
-        }
+        for (int64_t g = 0; g < p.G; ++g)
+          chunk_gemm(m0, mc, g, [&](const auto* A, int64_t lda, T* O, int64_t ldo) {
+            par_gemm(false, true, mc, p.Kg, p.R, alpha, A, lda, W + g * p.Kg * ldw, ldw, beta, O, ldo);
+          });
       });
       return;
     }
     for_chunks_cols([&](int64_t m0, int64_t mc) {
-      for (int64_t g = 0; g < p.G; ++g) {
-        int64_t ldb, ldo;
-        const T* B = x_operand(m0, mc, g, col, ldb);
-        T* O = y_output(m0, mc, g, ybuf, ldo);
-        par_gemm(false, false, p.Kg, mc, p.R, alpha, W + g * p.Kg * ldw, ldw, B, ldb, beta, O, ldo);
-        epilogue_cols(m0, mc, g, O, ldo);
-      }
+      for (int64_t g = 0; g < p.G; ++g)
+        chunk_gemm(m0, mc, g, [&](const auto* B, int64_t ldb, T* O, int64_t ldo) {
+          par_gemm(false, false, p.Kg, mc, p.R, alpha, W + g * p.Kg * ldw, ldw, B, ldb, beta, O, ldo);
+        });
     });
   }
 
@@ -1382,7 +1477,7 @@ struct Exec {
           const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
           if (p.dx_gemm) {
             par_gemm(false, false, mc, p.Cg, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, beta,
-                 x_direct_at(m0, g), p.ldx);
+                 dx_direct_at(m0, g), p.ldx);
           } else {
             par_gemm(false, false, mc, p.R, p.Kg, alpha, dY, ldy, W + g * p.Kg * ldw, ldw, T(0), col, p.R);
             col2im_rows(m0, mc, g, col, target, tx);
@@ -1396,7 +1491,7 @@ struct Exec {
           const T* dY = dy_operand(m0, mc, g, ybuf, ldy);
           if (p.dx_gemm) {
             par_gemm(true, false, p.Cg, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, beta,
-                 x_direct_at(m0, g), p.ldx);
+                 dx_direct_at(m0, g), p.ldx);
           } else {
             par_gemm(true, false, p.R, mc, p.Kg, alpha, W + g * p.Kg * ldw, ldw, dY, ldy, T(0), col, mc);
             col2im_cols(m0, mc, g, col, target, tx);
@@ -1668,12 +1763,14 @@ fdnn_shim::Capabilities capabilities(int32_t op, FDNN_DLDataType dtype) {
       break;
     case kF32:
       c.support = FDNN_SUPPORT_NATIVE;
-      c.detail = "float32 GEMM (sgemm)";
+      c.detail = own_gemm() ? "float32 GEMM (sgemm), thin GEMMs on the shim's AVX-512 kernel"
+                                    : "float32 GEMM (sgemm)";
       break;
     case kF16:
     case kBF16:
       c.support = FDNN_SUPPORT_CONVERTED;
-      c.detail = "float32 GEMM, one rounding";
+      c.detail = own_gemm() ? "float32 GEMM, one rounding (the shim's AVX-512 kernel)"
+                                    : "float32 GEMM, one rounding";
       break;
     case kNone:
       return fdnn_shim::not_computed(
