@@ -141,6 +141,25 @@ void narrow_run(const float* s, BF16* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i].bits = float_to_bf16(s[i]);
 }
 
+// n elements `step` apart (a strided convolution's im2col row) into d. A 16-bit source with a
+// short step has its whole span widened as one run (vector conversions, a thread's buffer),
+// then every step-th element taken: the float16 stem (7x7, stride 2) converted its elements
+// one by one at 0.72x its float32 time.
+template <class S, class T>
+void widen_strided(const S* s, int64_t step, T* d, int64_t n) {
+  if constexpr (!std::is_same<S, T>::value) {
+    if (step <= 4 && n > 1) {
+      thread_local std::vector<T> span;
+      const int64_t len = (n - 1) * step + 1;
+      if (static_cast<int64_t>(span.size()) < len) span.resize(static_cast<size_t>(len));
+      widen_run(s, span.data(), len);
+      for (int64_t t = 0; t < n; ++t) d[t] = span[t * step];
+      return;
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) d[t] = widen(s[t * step]);
+}
+
 // d[i] = round(v[i] + beta * d[i]) over a run (beta != 0), in blocks widened at once.
 template <class S, class T>
 void blend_run(const T* v, T beta, S* d, int64_t n) {
@@ -1032,7 +1051,7 @@ struct Exec {
         if (step == 1)
           widen_run(sp, dd, a1 - a0);
         else
-          for (int64_t t = 0; t < a1 - a0; ++t) dd[t] = widen(sp[t * step]);
+          widen_strided(sp, step, dd, a1 - a0);
         std::fill(d + (a1 - ow), d + seg, T(0));
       });
     }
