@@ -95,6 +95,7 @@ def test_a_dropped_output_is_reused_and_written_whole(layout):
         assert ({layout!r} == "channels_last") == (y.strides[1] == 1), y.strides
         check(y, want, "first")
         first, nbytes = pointer(y), y.size * y.itemsize
+        first_memory = id(y.get_array().usm_data)  # the pool keeps it: its id is not reused
         y[...] = np.nan  # what a reused block holds, if the next call left elements unwritten
         del y
         q.wait()
@@ -104,6 +105,8 @@ def test_a_dropped_output_is_reused_and_written_whole(layout):
             y = flux_dnn.conv2d(x, w, padding=1)
             check(y, want, i)
             seen.append(pointer(y))
+            if seen[-1] == first:  # the block's dpctl memory object is made once, then shared
+                assert id(y.get_array().usm_data) == first_memory, "a new memory object for a pooled block"
         assert first in seen, "a dropped output's memory was never reused"
         del y
         q.wait()

@@ -122,6 +122,10 @@ class _Keeper:
         self._pending = {}  # queue address -> deque of (SyclEvent, arrays)
         self._current = threading.local()  # .call: weakref to this thread's _Call being made
         self._workspaces = {}  # queue address -> its reused workspace buffer (uint8, aligned)
+        # queue address -> {(start, nbytes): view of that buffer}: a call's workspace is the
+        # same view of the same buffer as the last call's of that size (the calls of a model
+        # repeat), made once (slicing a usm_ndarray costs 5-10 us a call under load)
+        self._views = {}
 
     def reset(self):
         """A call begins (the provider's streams): its first export makes its record."""
@@ -186,8 +190,15 @@ class _Keeper:
                 # A fresh buffer: this call's earlier requests (in the old one) stay apart.
                 buf = _aligned(_usm_empty((size + _ALIGN,), "u1", "device", queue), size)
                 self._workspaces[key] = buf
+                self._views[key] = {}
                 start, call.used = 0, end - start
-        return buf[start : start + nbytes]
+            views = self._views[key]
+            view = views.get((start, nbytes))
+            if view is None:
+                if len(views) >= 64:
+                    views.clear()
+                view = views[(start, nbytes)] = buf[start : start + nbytes]
+        return view
 
 
 def _drop_completed(batches):
@@ -243,15 +254,18 @@ class _Lease:
     """One pooled block, as the arrays made on it see it: an object exposing the block's
     ``__sycl_usm_array_interface__`` and holding dpctl's memory object that owns it.
 
-    An output's memory object is made from the lease (``MemoryUSMDevice(lease)``: dpctl's
-    memory "from another object", which references it), never the owner itself. That matters
-    for when the block is free. dpctl's operations keep their arguments' memory alive until
-    their work has run (dpctl4pybind11.hpp, ``keep_args_alive``): memory that dpctl allocated
-    itself through a C++ shared_ptr, invisible to Python (measured: an array dropped while a
-    ``dpt.sin`` on it was queued, its memory object's count fell at once), memory made from
-    another object by holding the array's Python object (the lease's count stayed up until the
-    work had run). So a lease that only the pool references is used by no array, view, DLPack
-    export, dpctl or dpnp operation, and no call of the providers (_Keeper)."""
+    The outputs' memory object of the block is made from the lease (``MemoryUSMDevice(lease)``:
+    dpctl's memory "from another object", which references it), never the owner itself, once
+    per block: the pool keeps it and every output made on the block is an array over it. That
+    matters for when the block is free. dpctl's operations keep their arguments' memory alive
+    until their work has run (dpctl4pybind11.hpp, ``keep_args_alive``): memory that dpctl
+    allocated itself through a C++ shared_ptr, invisible to Python (measured: an array dropped
+    while a ``dpt.sin`` on it was queued, its memory object's count fell at once), memory made
+    from another object by holding the array's Python object (the count of the memory made
+    from the lease stayed up until the work had run). Arrays, views, DLPack exports and dpnp
+    arrays hold that memory object too. So a block whose memory object only the pool references
+    is used by no array, view, DLPack export, dpctl or dpnp operation, and no call of the
+    providers (_Keeper)."""
 
     __slots__ = ("owner", "__sycl_usm_array_interface__")
 
@@ -267,6 +281,9 @@ class _OutputPool:
     faults and 1.6 ms to allocate and fill against 0.7 ms in reused memory; NumPy's reused
     heap faults none). So the providers keep outputs' blocks and give one to a later output of
     the same size, queue and USM kind once nothing uses it (_Lease says how that is known).
+    Each block's memory object is made once and kept with it: making one from the lease asks
+    the SYCL runtime for the pointer's USM kind, 4 us alone and 30-40 us a call while the
+    runtime's threads run the previous call's work (measured, dw 3x3 256 @28, N=1).
 
     Outputs under ``MIN_BYTES`` are allocated as before: a few pages fault in less time than
     the pool's bookkeeping takes. Blocks are kept up to ``FLUX_DNN_SYCL_OUTPUT_POOL_BYTES``
@@ -280,9 +297,10 @@ class _OutputPool:
     def __init__(self, limit):
         self.limit = limit
         self._lock = threading.Lock()
-        self._blocks = collections.OrderedDict()  # (queue, usm_type, nbytes) -> [_Lease]
+        # (queue, usm_type, nbytes) -> [the block's memory object, made from its _Lease]
+        self._blocks = collections.OrderedDict()
         self._bytes = 0
-        self._idle_refs = None  # sys.getrefcount of a lease only the pool holds, in _take
+        self._idle_refs = None  # sys.getrefcount of a block only the pool holds, in _take
 
     def pooled(self, nbytes):
         return self.MIN_BYTES <= nbytes <= self.limit
@@ -290,17 +308,17 @@ class _OutputPool:
     def memory(self, nbytes, usm_type, queue):
         """A dpctl memory object of nbytes on queue, of usm_type, on a free pooled block or
         a new one."""
-        kind = _usm_memory(usm_type)
         key = (queue, usm_type, nbytes)
         with self._lock:
-            lease = self._take(key)  # this reference marks it taken for other threads
-        if lease is None:
-            lease = _Lease(kind(nbytes, queue=queue))
+            memory = self._take(key)  # this reference marks it taken for other threads
+        if memory is None:
+            kind = _usm_memory(usm_type)
+            memory = kind(_Lease(kind(nbytes, queue=queue)))
             with self._lock:
                 if self._make_room(nbytes):
-                    self._blocks.setdefault(key, []).append(lease)
+                    self._blocks.setdefault(key, []).append(memory)
                     self._bytes += nbytes
-        return kind(lease)
+        return memory
 
     def _take(self, key):
         blocks = self._blocks.get(key)
@@ -308,13 +326,13 @@ class _OutputPool:
             return None
         self._blocks.move_to_end(key)
         idle = self._idle()
-        for lease in blocks:
-            if sys.getrefcount(lease) <= idle:
-                return lease
+        for memory in blocks:
+            if sys.getrefcount(memory) <= idle:
+                return memory
         return None
 
     def _idle(self):
-        """The reference count getrefcount reports, in _take's loop, for a lease that only
+        """The reference count getrefcount reports, in _take's loop, for a block that only
         the pool holds (measured once: interpreters count a loop's references differently)."""
         if self._idle_refs is None:
             probe = [object()]
@@ -329,11 +347,11 @@ class _OutputPool:
         idle = self._idle()
         for key in list(self._blocks):
             kept = []
-            for lease in self._blocks[key]:
-                if self._bytes + nbytes > self.limit and sys.getrefcount(lease) <= idle:
+            for memory in self._blocks[key]:
+                if self._bytes + nbytes > self.limit and sys.getrefcount(memory) <= idle:
                     self._bytes -= key[2]
                 else:
-                    kept.append(lease)
+                    kept.append(memory)
             if kept:
                 self._blocks[key] = kept
             else:
