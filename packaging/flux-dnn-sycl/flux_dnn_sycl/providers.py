@@ -122,10 +122,6 @@ class _Keeper:
         self._pending = {}  # queue address -> deque of (SyclEvent, arrays)
         self._current = threading.local()  # .call: weakref to this thread's _Call being made
         self._workspaces = {}  # queue address -> its reused workspace buffer (uint8, aligned)
-        # queue address -> {(start, nbytes): view of that buffer}: a call's workspace is the
-        # same view of the same buffer as the last call's of that size (the calls of a model
-        # repeat), made once (slicing a usm_ndarray costs 5-10 us a call under load)
-        self._views = {}
 
     def reset(self):
         """A call begins (the provider's streams): its first export makes its record."""
@@ -190,15 +186,8 @@ class _Keeper:
                 # A fresh buffer: this call's earlier requests (in the old one) stay apart.
                 buf = _aligned(_usm_empty((size + _ALIGN,), "u1", "device", queue), size)
                 self._workspaces[key] = buf
-                self._views[key] = {}
                 start, call.used = 0, end - start
-            views = self._views[key]
-            view = views.get((start, nbytes))
-            if view is None:
-                if len(views) >= 64:
-                    views.clear()
-                view = views[(start, nbytes)] = buf[start : start + nbytes]
-        return view
+        return buf[start : start + nbytes]
 
 
 def _drop_completed(batches):
