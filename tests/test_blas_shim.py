@@ -415,7 +415,7 @@ def test_capabilities(shim, op, dtype, support, detail):
 
 def own_gemm(shim):
     """Whether this process's shim runs float32 GEMMs on its AVX-512 kernel (sgemm_avx512.inc):
-    an x86-64 CPU with AVX-512F, FLUX_DNN_BLAS_GEMM not "openblas"."""
+    an x86-64 CPU with AVX-512 (F and VL), FLUX_DNN_BLAS_GEMM not "openblas"."""
     return b"AVX-512" in shim.capabilities(FORWARD, (ABI.DTYPE_FLOAT, 32)).detail
 
 
@@ -622,26 +622,52 @@ def test_direct_depthwise_ranks(shim, rng, op, nd, lay, dtype):
 GEMM_EDGES = dict(N=2, C=300, K=70, size=(9, 15), groups=1, bias=True, alpha=1.5, beta=0.5, act="relu")
 
 
+# Algorithm policies crossed with the edges: the heuristic, each GEMM lowering given (1 rows,
+# 2 cols per image, 3 cols over the batch) and the benchmark policy.
+GEMM_POLICIES = {
+    "heuristic": (ABI.ALGO_HEURISTIC, 0),
+    "rows": (ABI.ALGO_GIVEN, 1),
+    "cols": (ABI.ALGO_GIVEN, 2),
+    "cols_batch": (ABI.ALGO_GIVEN, 3),
+    "benchmark": (ABI.ALGO_BENCHMARK, 0),
+}
+
+
+@pytest.mark.parametrize("policy", sorted(GEMM_POLICIES))
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("lay", ["dense", "cl"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_gemm_edges(shim, rng, dtype, lay, k):
-    """Forward convolutions whose GEMMs end in partial tiles and span several k blocks, against
-    the float64 reference. A 16-bit 1x1 layer hands x itself to the AVX-512 kernel, which
-    widens it as it packs ("pointwise" in the plan's name); without that kernel the 16-bit x
-    is widened into the workspace first."""
+def test_gemm_edges(shim, rng, dtype, lay, k, policy):
+    """Forward convolutions whose GEMMs end in partial tiles and span several k blocks, under
+    every algorithm policy, against the float64 reference. A 16-bit 1x1 layer hands x itself
+    to the AVX-512 kernel, which widens it as it packs ("pointwise" in the heuristic plan's
+    name); without that kernel the 16-bit x is widened into the workspace first."""
     g = geometry(2, k=k, lo=(k // 2,) * 2, hi=(k // 2,) * 2)
-    args = conv_case(shim, rng, FORWARD, dtype, 2, g=g, x_layout=lay, y_layout=lay, **GEMM_EDGES)
-    if k == 1:
+    policy_code, algo_id = GEMM_POLICIES[policy]
+    args = conv_case(
+        shim, rng, FORWARD, dtype, 2, g=g, x_layout=lay, y_layout=lay, policy=policy_code, algo_id=algo_id,
+        **GEMM_EDGES,
+    )  # fmt: skip
+    if algo_id:
+        assert args.chosen_algo_id == algo_id, args.name
+    if k == 1 and policy == "heuristic":
         assert ("pointwise" in args.name) == (dtype == "float32" or own_gemm(shim)), args.name
 
 
+@pytest.mark.parametrize("policy", sorted(GEMM_POLICIES))
 @pytest.mark.parametrize("op", [BACKWARD_DATA, BACKWARD_WEIGHT], ids=["bwd_data", "bwd_weight"])
 @pytest.mark.parametrize("lay", ["dense", "cl"])
-def test_gemm_edges_backward(shim, rng, op, lay):
-    """The backward ops' GEMMs (transposed operands on the thin side) on the same edges."""
+def test_gemm_edges_backward(shim, rng, op, lay, policy):
+    """The backward ops' GEMMs (transposed operands on the thin side) on the same edges, under
+    every algorithm policy."""
     kw = {**GEMM_EDGES, "bias": op == BACKWARD_WEIGHT, "act": None}
-    conv_case(shim, rng, op, "float32", 2, g=geometry(2, k=3, lo=(1, 1), hi=(1, 1)), x_layout=lay, y_layout=lay, **kw)
+    policy_code, algo_id = GEMM_POLICIES[policy]
+    g = geometry(2, k=3, lo=(1, 1), hi=(1, 1))
+    args = conv_case(
+        shim, rng, op, "float32", 2, g=g, x_layout=lay, y_layout=lay, policy=policy_code, algo_id=algo_id, **kw
+    )
+    if algo_id:
+        assert args.chosen_algo_id == algo_id, args.name
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the AVX-512 kernel is x86-64 only")

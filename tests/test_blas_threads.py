@@ -237,68 +237,53 @@ def test_grouped_strided_split_across_threads(blas, rng):
     case(blas, rng, FORWARD, "float64", N=2, C=64, K=128, size=30, k=3, stride=2, groups=2, bias=True, beta=-1.5)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("size,channels", [(7, 24), (28, 256), (5, 300)])
-def test_16bit_channels_last_depthwise_is_its_float32_rounded(blas, rng, dtype, size, channels):
-    """The channels-last 3x3 depthwise forward (register-blocked; on AVX-512 CPUs its AVX-512
-    copy, with 16-lane bfloat16 conversions) widens 16-bit rows and runs float32's arithmetic:
-    its bits are those of the shim's own float32 result rounded once (to nearest even, by
-    NumPy or by the test's bfloat16 rounding). 24 and 300 channels leave 8 and 12 lanes after
-    the 16-lane blocks."""
+@pytest.mark.parametrize(
+    "dtype,size,channels,lay",
+    [
+        ("float16", 7, 8, "dense"),
+        ("float16", 13, 8, "dense"),
+        ("float16", 14, 8, "dense"),
+        ("float16", 28, 8, "strided"),
+        ("float16", 261, 2, "dense"),
+        ("bfloat16", 7, 8, "dense"),
+        ("bfloat16", 14, 8, "strided"),
+        ("float16", 7, 24, "cl"),
+        ("float16", 28, 256, "cl"),
+        ("float16", 5, 300, "cl"),
+        ("bfloat16", 7, 24, "cl"),
+        ("bfloat16", 28, 256, "cl"),
+        ("bfloat16", 5, 300, "cl"),
+    ],
+)
+def test_16bit_depthwise_is_its_float32_rounded(blas, rng, dtype, size, channels, lay):
+    """16-bit depthwise runs the float32 kernel on the widened input, so its bits are those of
+    the shim's own float32 result on the same values, rounded once (to nearest even: NumPy's
+    float16, the tests' bfloat16 rounding). NC[D]HW: widths 7, 13 and 14 leave 1-7 elements
+    after the 8-wide F16C blocks (the padded tails of widen and narrow); 'strided' is a
+    channel that is not one run; 261 x 261 is over the 65536 elements a channel is widened at
+    once in (row spans instead). Channels-last ('cl', x and y; the register-blocked forward,
+    on AVX-512 CPUs its AVX-512 copy with 16-lane bfloat16 conversions): 24 and 300 channels
+    leave 8 and 12 lanes after the 16-lane blocks."""
     shape_x, shape_w = (2, channels, size, size), (channels, 1, 3, 3)
     x16 = store_as(rng.standard_normal(shape_x), dtype)
     w16 = store_as(rng.standard_normal(shape_w) / 3, dtype)
     outs = {}
     for dt in (dtype, "float32"):
-        x = layout(x16 if dt == dtype else values(x16, dtype).astype(np.float32), "cl")
+        x = layout(x16 if dt == dtype else values(x16, dtype).astype(np.float32), lay)
         w = np.ascontiguousarray(w16 if dt == dtype else values(w16, dtype).astype(np.float32))
-        y = layout(store_as(np.full((2, channels, size, size), np.nan), dt), "cl")
+        y = layout(store_as(np.full((2, channels, size, size), np.nan), dt), "cl" if lay == "cl" else "dense")
         error, args = run(
             blas, FORWARD, x, w, y, None, dt, stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1),
             groups=channels, alpha=1.0, beta=0.0, limit=None, policy=ABI.ALGO_HEURISTIC, algo_id=0,
         )  # fmt: skip
         assert error is None, error
-        assert "depthwise (channels-last)" in args.name, args.name
+        assert ("depthwise (channels-last)" if lay == "cl" else "depthwise") in args.name, args.name
         outs[dt] = y
-    rounded = store_as(outs["float32"].astype(np.float64), dtype)
-    got = np.ascontiguousarray(outs[dtype])
-    assert not np.isnan(values(got, dtype)).any()
-    differ = got.view(np.uint16) != np.ascontiguousarray(rounded).view(np.uint16)
-    assert not differ.any(), (
-        f"{int(differ.sum())} elements differ from float32 rounded, first at {np.argwhere(differ)[0]}"
-    )
-
-
-@pytest.mark.parametrize(
-    "size,channels,lay",
-    [(7, 8, "dense"), (13, 8, "dense"), (14, 8, "dense"), (28, 8, "strided"), (261, 2, "dense")],
-)
-def test_float16_depthwise_is_its_float32_rounded(blas, rng, size, channels, lay):
-    """float16 depthwise (NC[D]HW) runs the float32 kernel on the widened input, so its bits are
-    those of the shim's own float32 result on the same values, rounded to float16 by NumPy
-    (to nearest even). Widths 7, 13 and 14 leave 1-7 elements after the 8-wide F16C blocks
-    (the padded tails of widen and narrow); 'strided' is a channel that is not one run; 261 x
-    261 is over the 65536 elements a channel is widened at once in (row spans instead)."""
-    shape_x, shape_w = (2, channels, size, size), (channels, 1, 3, 3)
-    x16 = rng.standard_normal(shape_x).astype(np.float16)
-    w16 = (rng.standard_normal(shape_w) / 3).astype(np.float16)
-    outs = {}
-    for dtype in ("float16", "float32"):
-        x = layout(x16.astype(dtype), lay)
-        w = np.ascontiguousarray(w16.astype(dtype))
-        y = np.full((2, channels, size, size), np.nan, dtype=dtype)
-        error, args = run(
-            blas, FORWARD, x, w, y, None, dtype, stride=(1, 1), dilation=(1, 1), lo=(1, 1), hi=(1, 1),
-            groups=channels, alpha=1.0, beta=0.0, limit=None, policy=ABI.ALGO_HEURISTIC, algo_id=0,
-        )  # fmt: skip
-        assert error is None, error
-        assert "depthwise" in args.name, args.name
-        outs[dtype] = y
-    want = reference(FORWARD, values(x16, "float16"), values(w16, "float16"), outs["float32"], None,
+    want = reference(FORWARD, values(x16, dtype), values(w16, dtype), outs["float32"], None,
                      dict(stride=1, pad=1, groups=channels), 1.0)  # fmt: skip
-    check_close(outs["float16"], want, "float16", "float16 depthwise")
-    rounded = outs["float32"].astype(np.float16)
-    differ = outs["float16"].view(np.uint16) != rounded.view(np.uint16)
+    check_close(outs[dtype], want, dtype, f"{dtype} depthwise")
+    rounded = np.ascontiguousarray(store_as(outs["float32"].astype(np.float64), dtype))
+    differ = np.ascontiguousarray(outs[dtype]).view(np.uint16) != rounded.view(np.uint16)
     assert not differ.any(), (
         f"{int(differ.sum())} elements differ from float32 rounded, first at {np.argwhere(differ)[0]}"
     )

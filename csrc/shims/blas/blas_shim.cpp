@@ -84,8 +84,8 @@ bool cpu_f16c() {
   return ok;
 }
 
-// Whether this CPU runs the AVX-512 copies: the channels-last depthwise forward, the
-// bfloat16 rounding below (checked once; the GEMM has its own check, own_sgemm_enabled).
+// Whether this CPU runs the AVX-512 code: the float32 GEMM kernel (own_gemm), the
+// channels-last depthwise forward, the bfloat16 conversions below (checked once).
 bool cpu_avx512() {
   static const bool ok = [] {
     __builtin_cpu_init();
@@ -241,20 +241,25 @@ inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
 #if FDNN_X86_CLONES
 #include "sgemm_avx512.inc"
+#endif
 
-// Whether float32 GEMMs run on the shim's AVX-512 kernel (sgemm_avx512.inc): on CPUs with
-// AVX-512F (whose state the OS saves), unless FLUX_DNN_BLAS_GEMM=openblas (read once) keeps
-// every GEMM on OpenBLAS. On other CPUs OpenBLAS's own kernels serve (README.md, "GEMM").
-bool own_sgemm_enabled() {
+// Whether float32 GEMMs may run on the shim's AVX-512 kernel (sgemm_avx512.inc), and so a
+// 16-bit plan may hand it x as it is (it widens x as it packs): on x86-64 CPUs with AVX-512
+// (cpu_avx512), unless FLUX_DNN_BLAS_GEMM=openblas (read once) keeps every GEMM on OpenBLAS.
+// Elsewhere OpenBLAS's own kernels serve (README.md, "GEMM").
+bool own_gemm() {
+#if FDNN_X86_CLONES
   static const bool on = [] {
-    __builtin_cpu_init();
     const char* env = std::getenv("FLUX_DNN_BLAS_GEMM");
-    if (env && std::strcmp(env, "openblas") == 0) return false;
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+    return !(env && std::strcmp(env, "openblas") == 0) && cpu_avx512();
   }();
   return on;
+#else
+  return false;
+#endif
 }
 
+#if FDNN_X86_CLONES
 // The shapes the kernel takes (measured on one Xeon core against OpenBLAS 0.3.34's SkylakeX
 // kernels, README.md "GEMM"): thin ones, which it is written for, a side of C of at most 512
 // (a square 2048 GEMM, which no forward layer makes, runs at 0.8x OpenBLAS); both sides at
@@ -265,8 +270,7 @@ bool own_sgemm_enabled() {
 // x 512 with B transposed: 0.77x OpenBLAS).
 bool own_sgemm_takes(bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
   const bool wide_transposed = m <= n ? tb : ta;
-  return own_sgemm_enabled() && std::min(m, n) >= 16 && std::min(m, n) <= 512 && k >= 8 &&
-         !wide_transposed;
+  return own_gemm() && std::min(m, n) >= 16 && std::min(m, n) <= 512 && k >= 8 && !wide_transposed;
 }
 #endif
 
@@ -290,7 +294,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
 }
 // A float32 GEMM with a 16-bit operand (x itself, in a 16-bit plan with x_direct): only the
 // AVX-512 kernel reads one, widening it as it packs, whatever the shape; plans take that path
-// only where own_sgemm_enabled() (make_plan), so elsewhere this is never reached.
+// only where own_gemm() (make_plan), so elsewhere this is never reached.
 template <class EA, class EB>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const EA* a, int64_t lda,
           const EB* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -300,16 +304,6 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
   (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b,
       (void)ldb, (void)beta, (void)c, (void)ldc;
   fail(FDNN_ERROR_INTERNAL, "a 16-bit GEMM operand without the AVX-512 kernel");
-#endif
-}
-
-// Whether float32 GEMMs may run on the AVX-512 kernel, so a 16-bit plan may hand it x as it
-// is (it widens x as it packs).
-bool own_gemm() {
-#if FDNN_X86_CLONES
-  return own_sgemm_enabled();
-#else
-  return false;
 #endif
 }
 
@@ -1370,12 +1364,12 @@ struct Exec {
 #include "winograd.inc"
 #undef FDNN_KERNEL_TARGET
 #undef FDNN_KERNEL_NAME
-// A third copy of the direct loops for AVX-512 (512-bit vectors), taken by the float32 and
-// float16 channels-last depthwise forward only. Measured (3x3 256 @28, one thread): float32
-// 0.59 -> 0.42-0.48 ms at N=4, 2.24 -> 1.72 at N=16; float16 0.59 -> 0.46. Not taken where it
-// was slower than the AVX2 copy: the NC[D]HW depthwise forward (10-15%: rows of 28 fill under
-// two 16-lane vectors), bfloat16 channels-last (0.73 -> 1.19 ms), the Winograd transforms
-// (no faster; winograd.inc is compiled here for stage_padded_row only).
+// A third copy of the direct loops for AVX-512 (512-bit vectors), taken by the channels-last
+// depthwise forward only. Measured (3x3 256 @28, one thread): float32 0.59 -> 0.42-0.48 ms at
+// N=4, 2.24 -> 1.72 at N=16; float16 0.59 -> 0.46-0.54; bfloat16 0.61-0.67 (1.36 before the
+// 16-lane bfloat16 conversions). Not taken where it was slower than the AVX2 copy: the
+// NC[D]HW depthwise forward (10-15%: rows of 28 fill under two 16-lane vectors) and the
+// Winograd transforms (no faster; winograd.inc is compiled here for stage_padded_row only).
 #define FDNN_KERNEL_TARGET __attribute__((target("avx512f,avx512vl,fma,prefer-vector-width=512")))
 #define FDNN_KERNEL_NAME(f) f##_avx512
 #include "dw_kernels.inc"
