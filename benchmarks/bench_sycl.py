@@ -32,6 +32,14 @@ takes the cores from the TBB workers of the next call (measured on a 2-core mach
 native 3x3 layer 1 ms with OMP_WAIT_POLICY=passive, 30-44 ms spinning against the other
 runtime); so the script sets OMP_WAIT_POLICY=passive unless it is set, and prints it.
 
+On a 2-vCPU VM the SYCL per-call time is bimodal (measured 2026-12-05: a tiny call 110-120 µs
+or 180-230 µs, flipping within one process): fast while the scheduler keeps the SYCL runtime's
+host-task threads on the calling thread's vCPU, slow while it keeps them on the other one, each
+primitive then a cross-vCPU wake-up. So every run prints and records where the process's
+threads last ran (``thread_cpus``: one digit per thread, in thread-id order) beside its tiny
+call, and the header prints SYCL_QUEUE_THREAD_POOL_SIZE (the runtime's host-task pool; 1 keeps
+every host task on one thread and so in one TBB arena: packaging/flux-dnn-sycl/README.md).
+
 It is a benchmark, never a test: nothing asserts on time.
 
     python benchmarks/bench_sycl.py --markdown --json benchmarks/results/<date>-<machine>-sycl.json
@@ -158,6 +166,22 @@ def time_tiny(budget: float) -> dict:
     )
 
 
+def thread_cpus() -> str | None:
+    """The CPU each of this process's threads last ran on (Linux: field 39 of
+    /proc/self/task/<tid>/stat), one per thread in thread-id order, as one string ("0010000000"
+    for ten threads); None where /proc cannot say."""
+    try:
+        tids = sorted(os.listdir("/proc/self/task"), key=int)
+        cpus = []
+        for tid in tids:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                # The command name (field 2) may hold spaces: count fields after its ')'.
+                cpus.append(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return None
+    return " ".join(cpus) if any(len(c) > 1 for c in cpus) else "".join(cpus)
+
+
 def median_row(rows) -> dict:
     """One layer's row over the runs: the median of each time, the ratio of the medians."""
     out = dict(rows[0])
@@ -230,9 +254,10 @@ def main() -> None:
     print(f"SYCL device: {device.name} ({device.backend}, {device.device_type}); shims: {versions}")
     print(f"dpnp outputs' memory pool: FLUX_DNN_SYCL_OUTPUT_POOL_BYTES={_pool_setting()}")
     print(f"dpnp's default queue: {'in order' if in_order else 'out of order'}")
+    print(f"SYCL host-task pool: SYCL_QUEUE_THREAD_POOL_SIZE={_host_task_pool_setting()}")
     wanted = [s for s in args.layers.split(",") if s]
     layers = [L for L in RESNET50_SAMPLE if not wanted or any(s in L.name for s in wanted)]
-    runs, tinies, loads = [], [], []
+    runs, tinies, loads, placements = [], [], [], []
     for run in range(args.repeat):
         loads.append(load_text())
         rows = []
@@ -255,7 +280,8 @@ def main() -> None:
                 flush=True,
             )
         loads[-1] += f" -> {load_text()}"
-        print(f"run {run + 1}/{args.repeat}: load {loads[-1]}", flush=True)
+        placements.append(thread_cpus())
+        print(f"run {run + 1}/{args.repeat}: load {loads[-1]}; threads' CPUs {placements[-1]}", flush=True)
     rows = [median_row(r) for r in zip(*runs)]
     tiny = {k: statistics.median(t[k] for t in tinies) for k in tinies[0]} if tinies else None
     print(f"geomean native/sycl: {geomean([r['ratio'] for r in rows]):.2f}")
@@ -279,12 +305,19 @@ def main() -> None:
             dtype=args.dtype,
             rows=rows,
             tiny=tiny,
+            tiny_per_run=tinies,
+            thread_cpus_per_run=placements,
+            sycl_queue_thread_pool_size=_host_task_pool_setting(),
         ),
     )
 
 
 def _pool_setting():
     return os.environ.get("FLUX_DNN_SYCL_OUTPUT_POOL_BYTES") or "default (1 GiB)"
+
+
+def _host_task_pool_setting():
+    return os.environ.get("SYCL_QUEUE_THREAD_POOL_SIZE") or "unset (the runtime's default)"
 
 
 if __name__ == "__main__":
